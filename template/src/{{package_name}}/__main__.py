@@ -1,0 +1,89 @@
+"""Command line: ``python -m <package> <command> [--config PATH] [section.key=value ...]``.
+
+    python -m <package> sample-data            # a small synthetic dataset in data.root
+    python -m <package> bench                  # loader benchmark -> configs/tuned.yaml
+    python -m <package> train train.epochs=5   # one process
+    python -m <package> launch --nproc-per-node 2 -- train   # torchrun, 2 processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import dist, project
+from .config import ConfigError, load_config
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="e.g. train.epochs=5")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sample-data", help="write a small learnable synthetic dataset to data.root")
+    s.add_argument("--out", default=None, help="where to write (default: data.root of the config)")
+    s.add_argument("--per-class", type=int, default=96, help="train samples per class (default: %(default)s)")
+    _common(s)
+    b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
+    b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
+    b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
+    _common(b)
+    t = sub.add_parser("train", help="train (runs `bench --quick` first when tuned settings are stale)")
+    _common(t)
+    sub.add_parser("launch", help="run a command with torchrun: launch [torchrun options] -- train ...",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        level=logging.INFO if dist.is_main_process() else logging.WARNING,
+        format=f"[rank {dist.get_rank()}] %(levelname)s %(name)s: %(message)s",
+    )
+    if argv and argv[0] == "launch":
+        from .launch import main as launch_main
+
+        return launch_main(argv[1:])
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)  # every key checked before any work
+    from .data import BadSampleBudgetExceeded, build_dataset
+
+    try:
+        if args.command == "sample-data":
+            from .data.sample import write_folder
+
+            out = args.out or cfg.data.root
+            n = write_folder(out, project.DATA_FORMAT, {"train": args.per_class, "val": max(1, args.per_class // 4)},
+                             image_size=cfg.data.image_size, seed=cfg.train.seed)
+            print(f"wrote {n} {project.DATA_FORMAT} samples to {out}")
+        elif args.command == "bench":
+            from .bench import run_bench, table
+
+            report = run_bench(cfg, build_dataset(cfg, "train"), quick=args.quick, budget_s=args.budget_s)
+            print(table(report))
+            print(f"chosen: {report['chosen']} -> {cfg.loader.tuned or '(loader.tuned is empty: not saved)'}")
+        elif args.command == "train":
+            from .train import train
+
+            train(cfg)
+    except (FileNotFoundError, BadSampleBudgetExceeded) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The DataLoader factory: sampler, workers, seeding and tuned settings in one place.
+
+    loader = build_loader(dataset, cfg, "train")
+    for epoch in range(cfg.train.epochs):
+            set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
+            for batch in loader: ...
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
+
+from .. import dist, project
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoaderSettings:
+    """The four DataLoader arguments that `bench` tunes, resolved to concrete values."""
+
+    num_workers: int
+    prefetch_factor: int
+    persistent_workers: bool
+    pin_memory: bool
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (CPU affinity, e.g. a SLURM or container limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def fingerprint(cfg, dataset) -> dict:
+    """What the tuned settings depend on; `train` re-tunes when any of it changes."""
+    return {
+        "data_root": str(Path(cfg.data.root).resolve()),
+        "data_size": int(getattr(dataset, "data_size", len(dataset))),
+        "source": project.DATA_SOURCE,
+        "format": project.DATA_FORMAT,
+        "batch_size": cfg.loader.batch_size,
+        "image_size": cfg.data.image_size,
+        "max_len": cfg.data.max_len,
+        "cpus": usable_cpus(),
+        "local_world_size": dist.local_world_size(),
+        "torch": torch.__version__,
+    }
+
+
+def read_tuned(cfg, dataset) -> dict | None:
+    """The ``loader`` settings of ``cfg.loader.tuned`` if it was made for this data and machine."""
+    path = Path(cfg.loader.tuned) if cfg.loader.tuned else None
+    if path is None or not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        tuned = yaml.safe_load(f) or {}
+    if tuned.get("fingerprint") != fingerprint(cfg, dataset):
+        log.info("%s was made for other data or another machine; ignoring it", path)
+        return None
+    return tuned.get("loader") or None
+
+
+def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
+    """Turn ``auto`` values into numbers: the tuned value, else the default rule.
+
+    Explicit values in the config always win over ``configs/tuned.yaml``.
+    """
+    tuned = tuned or {}
+    c = cfg.loader
+
+    def pick(name, fallback):
+        value = getattr(c, name)
+        return value if value != "auto" else tuned.get(name, fallback)
+
+    num_workers = pick("num_workers", max(1, usable_cpus() // dist.local_world_size()))
+    if isinstance(dataset, torch.utils.data.Dataset) and not isinstance(dataset, IterableDataset):
+        num_workers = min(num_workers, max(0, len(dataset)))
+    return LoaderSettings(
+        num_workers=num_workers,
+        prefetch_factor=pick("prefetch_factor", 2),
+        persistent_workers=pick("persistent_workers", True),
+        pin_memory=pick("pin_memory", torch.cuda.is_available() and project.NUM_GPUS > 0),
+    )
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """:class:`DistributedSampler` that can skip the samples a resumed run already saw.
+
+    ``skip(n)`` drops the first ``n`` indices of the next ``__iter__`` only, so a run resumed
+    mid-epoch sees the rest of that epoch's permutation (same seed and epoch) and nothing twice.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+
+    def skip(self, n: int) -> None:
+        self._skip = n
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self._skip
+
+
+class EvalSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every sample exactly once.
+
+    Unlike :class:`DistributedSampler` it never pads with duplicates, so metrics summed over
+    ranks count each validation sample once. Ranks may get one sample more or fewer, which is
+    safe because evaluation runs no collective per batch.
+
+    list(EvalSampler(5, rank=1, num_replicas=2))
+    [1, 3]
+    """
+
+    def __init__(self, length: int, rank: int = 0, num_replicas: int = 1) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        self.length, self.rank, self.num_replicas = length, rank, num_replicas
+
+    def __iter__(self):
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return max(0, math.ceil((self.length - self.rank) / self.num_replicas))
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed NumPy and ``random`` from the worker's torch seed.
+
+    # NOTE [ Different augmentation in every worker, rank and epoch ]
+    # The loader's ``generator`` is seeded with seed + rank, and draws a new base seed each
+    # time workers start (each epoch, or once with persistent workers whose RNGs then run on);
+    # each worker's torch seed is base seed + worker id. Seeding NumPy and ``random`` from it
+    # keeps third-party augmentations from repeating the same "random" numbers in every worker.
+    """
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_loader(dataset, cfg, split: str, *, rank: int | None = None, world_size: int | None = None):
+    """The DataLoader for ``split``, with arguments that mean what DataLoader's mean.
+
+    Args:
+        dataset: from :func:`build_dataset`.
+        cfg (Config): ``loader.*`` and ``train.seed`` are used.
+        split (str): ``"train"`` shuffles, drops the last partial batch (``loader.drop_last``)
+            and gives every rank the same number of batches; ``"val"`` reads every sample
+            exactly once over all ranks, in order.
+        rank, world_size (int, optional): default to the running process group's; pass them
+            to simulate a rank in tests.
+    """
+    if rank is None or world_size is None:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    train = split == "train"
+    s = resolve_settings(cfg, dataset, read_tuned(cfg, dataset))
+    if train:
+        sampler = ResumableDistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.train.seed
+        )
+        batches = len(sampler) // cfg.loader.batch_size if cfg.loader.drop_last else len(sampler)
+        if batches == 0:
+            raise ValueError(
+                f"the train split has {len(dataset)} samples: with loader.batch_size="
+                f"{cfg.loader.batch_size} x world size {world_size} and loader.drop_last=true "
+                "no batch is left (lower the batch size or add data)"
+            )
+    else:
+        sampler = EvalSampler(len(dataset), rank=rank, num_replicas=world_size)
+    workers = s.num_workers > 0
+    return DataLoader(
+        dataset,
+        batch_size=cfg.loader.batch_size,
+        sampler=sampler,
+        num_workers=s.num_workers,
+        collate_fn=getattr(dataset, "collate_fn", None),
+        pin_memory=s.pin_memory,
+        drop_last=cfg.loader.drop_last if train else False,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
+        prefetch_factor=s.prefetch_factor if workers else None,
+        persistent_workers=s.persistent_workers if workers else False,
+    )
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Tell the sampler (and a dataset that shuffles itself) which epoch starts."""
+    for obj in (loader.sampler, loader.dataset):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+

@@ -1,0 +1,91 @@
+"""Process-group set-up and teardown, and rank helpers that also work without torchrun.
+
+One process runs the same code as many: without torchrun's environment, rank is 0 and the
+world size is 1, and nothing distributed is started.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as torch_dist
+
+
+def is_torchrun() -> bool:
+    """True when started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, ...)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def get_rank() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank()
+    return int(os.environ.get("RANK", 0))
+
+
+def get_world_size() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def local_world_size() -> int:
+    """Processes on this node (they share its CPUs for DataLoader workers)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def pick_device(num_gpus: int) -> torch.device:
+    """``cuda:<LOCAL_RANK>`` when GPUs were asked for and exist, else the CPU."""
+    if num_gpus > 0 and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
+    """Join the process group when started by torchrun; returns whether one was joined.
+
+    Args:
+        backend (str): ``auto`` (nccl on CUDA, gloo on the CPU), ``nccl`` or ``gloo``.
+        timeout_s (int): how long a collective waits before failing instead of hanging.
+        device (torch.device): this process's device; on CUDA it is bound to the group.
+    """
+    if not is_torchrun() or torch_dist.is_initialized():
+        return torch_dist.is_initialized()
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    torch_dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return True
+
+
+def teardown() -> None:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks (identity in a single process)."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    torch_dist.all_reduce(t)
+    return t.tolist()

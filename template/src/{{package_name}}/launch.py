@@ -1,0 +1,82 @@
+"""Start training on several processes with torchrun.
+
+    python -m <package> launch -- train                          # --nproc-per-node from the answers
+    python -m <package> launch --nproc-per-node 2 -- train train.epochs=5
+    python -m <package> launch --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 -- train
+
+On one node this is ``torchrun --standalone``; with ``--nnodes > 1`` it uses a c10d rendezvous
+at ``--rdzv-endpoint`` (see ``scripts/slurm.sbatch`` when the project has more than one node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+from . import project
+
+COMMANDS = ("train", "bench")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"python -m {project.PACKAGE} launch",
+        usage=f"python -m {project.PACKAGE} launch [torchrun options] -- train [section.key=value ...]",
+        description="Run a command on several processes with torchrun.",
+    )
+    default_nproc = project.NUM_GPUS if project.NUM_GPUS > 0 else 1
+    p.add_argument("--nproc-per-node", type=int, default=default_nproc,
+                   help=f"processes on this node (default: {default_nproc}, from the answers)")
+    p.add_argument("--nnodes", type=int, default=project.NUM_NODES, help="nodes in the job (default: %(default)s)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node)")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node)")
+    p.add_argument("--rdzv-id", default=os.environ.get("SLURM_JOB_ID", project.PACKAGE), help="job id for rendezvous")
+    p.add_argument("--max-restarts", type=int, default=0, help="restarts of the worker group after a failure")
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[options] -- command [args]`` -> (options, command + args).
+
+    >>> split_argv(["--nproc-per-node", "2", "--", "train", "train.epochs=1"])
+    (['--nproc-per-node', '2'], ['train', 'train.epochs=1'])
+    """
+    if "--" not in argv:
+        return argv, ["train"]
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :] or ["train"]
+
+
+def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
+    """The torchrun command line (``python -m torch.distributed.run`` of this interpreter)."""
+    if command[0] not in COMMANDS:
+        raise SystemExit(f"launch runs one of {', '.join(COMMANDS)} (got {command[0]!r}); e.g. launch -- train")
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise SystemExit(f"--nproc-per-node ({args.nproc_per_node}) and --nnodes ({args.nnodes}) must be >= 1")
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if args.nnodes == 1 and args.rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        if args.rdzv_endpoint is None:
+            raise SystemExit(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the first node)")
+        cmd += ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", str(args.rdzv_id)]
+        if args.node_rank is not None:
+            cmd += ["--node-rank", str(args.node_rank)]
+    cmd += ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
+    return cmd + ["-m", project.PACKAGE, *command]
+
+
+def main(argv: list[str]) -> int:
+    options, command = split_argv(argv)
+    cmd = torchrun_command(parser().parse_args(options), command)
+    print("+ " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # torchrun forwards the signal to its workers and cleans up
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
