@@ -2,8 +2,8 @@
 
     loader = build_loader(dataset, cfg, "train")
     for epoch in range(cfg.train.epochs):
-            set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
-            for batch in loader: ...
+        set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
+        for batch in loader: ...
 """
 
 from __future__ import annotations
