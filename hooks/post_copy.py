@@ -28,8 +28,16 @@ def main(argv: list[str]) -> int:
         steps = [
             ("init", "-q"),
             ("add", "-A"),
-            ("-c", "user.name=torchfeed", "-c", "user.email=torchfeed@localhost",
-             "commit", "-q", "-m", "Project rendered by torchfeed"),
+            (
+                "-c",
+                "user.name=torchfeed",
+                "-c",
+                "user.email=torchfeed@localhost",
+                "commit",
+                "-q",
+                "-m",
+                "Project rendered by torchfeed",
+            ),
         ]
         for step in steps:
             result = git(*step)

@@ -1,9 +1,9 @@
 """Command line: ``python -m <package> <command> [--config PATH] [section.key=value ...]``.
 
-    python -m <package> sample-data            # a small synthetic dataset in data.root
-    python -m <package> bench                  # loader benchmark -> configs/tuned.yaml
-    python -m <package> train train.epochs=5   # one process
-    python -m <package> launch --nproc-per-node 2 -- train   # torchrun, 2 processes
+python -m <package> sample-data            # a small synthetic dataset in data.root
+python -m <package> bench                  # loader benchmark -> configs/tuned.yaml
+python -m <package> train train.epochs=5   # one process
+python -m <package> launch --nproc-per-node 2 -- train   # torchrun, 2 processes
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     t = sub.add_parser("train", help="train (runs `bench --quick` first when tuned settings are stale)")
     _common(t)
-    sub.add_parser("launch", help="run a command with torchrun: launch [torchrun options] -- train ...",
-                   add_help=False)
+    sub.add_parser("launch", help="run a command with torchrun: launch [torchrun options] -- train ...", add_help=False)
     return p
 
 
@@ -66,8 +65,13 @@ def run(args: argparse.Namespace) -> int:
             from .data.sample import write_folder
 
             out = args.out or cfg.data.root
-            n = write_folder(out, project.DATA_FORMAT, {"train": args.per_class, "val": max(1, args.per_class // 4)},
-                             image_size=cfg.data.image_size, seed=cfg.train.seed)
+            n = write_folder(
+                out,
+                project.DATA_FORMAT,
+                {"train": args.per_class, "val": max(1, args.per_class // 4)},
+                image_size=cfg.data.image_size,
+                seed=cfg.train.seed,
+            )
             print(f"wrote {n} {project.DATA_FORMAT} samples to {out}")
         elif args.command == "bench":
             from .bench import run_bench, table

@@ -187,11 +187,23 @@ def plot(path: Path, report: dict) -> None:
     for pf in sorted({p["prefetch_factor"] for p in report["points"]}):
         pts = [p for p in report["points"] if p["prefetch_factor"] == pf or p["num_workers"] == 0]
         pts.sort(key=lambda p: p["num_workers"])
-        ax.plot([p["num_workers"] for p in pts], [p["samples_per_s"] for p in pts], marker="o",
-                label=f"prefetch_factor={pf}")
+        ax.plot(
+            [p["num_workers"] for p in pts],
+            [p["samples_per_s"] for p in pts],
+            marker="o",
+            label=f"prefetch_factor={pf}",
+        )
     c = report["chosen_point"]
-    ax.scatter([c["num_workers"]], [c["samples_per_s"]], s=180, facecolors="none", edgecolors="red",
-               linewidths=2, label="chosen", zorder=3)
+    ax.scatter(
+        [c["num_workers"]],
+        [c["samples_per_s"]],
+        s=180,
+        facecolors="none",
+        edgecolors="red",
+        linewidths=2,
+        label="chosen",
+        zorder=3,
+    )
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s (loader alone)")
     ax.set_title("Data-loading throughput")

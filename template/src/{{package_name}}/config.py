@@ -60,17 +60,13 @@ class LoaderConfig:
     # Samples per batch per process (the global batch is this x world size).
     batch_size: int = _field(project.BATCH_SIZE, _positive, ">= 1")
     # Worker processes; auto = the tuned value, else usable CPUs / local world size.
-    num_workers: Union[int, Literal["auto"]] = _field(
-        "auto", _auto_or(_non_negative), "'auto' or an int >= 0"
-    )
+    num_workers: int | Literal["auto"] = _field("auto", _auto_or(_non_negative), "'auto' or an int >= 0")
     # Batches each worker loads ahead; auto = tuned value, else 2 (ignored without workers).
-    prefetch_factor: Union[int, Literal["auto"]] = _field(
-        "auto", _auto_or(_positive), "'auto' or an int >= 1"
-    )
+    prefetch_factor: int | Literal["auto"] = _field("auto", _auto_or(_positive), "'auto' or an int >= 1")
     # Keep workers alive between epochs; auto = tuned value, else on (ignored without workers).
-    persistent_workers: Union[bool, Literal["auto"]] = "auto"
+    persistent_workers: bool | Literal["auto"] = "auto"
     # Page-locked host memory for faster host-to-GPU copies; auto = on when CUDA is used.
-    pin_memory: Union[bool, Literal["auto"]] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"
     # Drop the last incomplete training batch (evaluation never drops samples).
     drop_last: bool = True
     # Settings written by `bench`; used for the `auto` values when made for this data/machine.
@@ -94,7 +90,7 @@ class TrainConfig:
     # Stop each epoch after this many batches (0 = the whole epoch); for smoke runs.
     max_batches: int = _field(0, _non_negative, ">= 0")
     # bf16 autocast on CUDA; auto = on when training on a GPU.
-    amp: Union[bool, Literal["auto"]] = "auto"
+    amp: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -142,16 +138,12 @@ def _set(section_obj: Any, section: str, key: str, value: Any) -> None:
     fields = {f.name: f for f in dataclasses.fields(section_obj)}
     if key not in fields:
         raise ConfigError(
-            f"unknown config key {section}.{key} (expected one of: "
-            + ", ".join(f"{section}.{k}" for k in fields)
-            + ")"
+            f"unknown config key {section}.{key} (expected one of: " + ", ".join(f"{section}.{k}" for k in fields) + ")"
         )
     f = fields[key]
     hint = typing.get_type_hints(type(section_obj))[key]
     if not _type_ok(value, hint):
-        raise ConfigError(
-            f"{section}.{key}={value!r} has type {type(value).__name__} (expected {_describe(hint)})"
-        )
+        raise ConfigError(f"{section}.{key}={value!r} has type {type(value).__name__} (expected {_describe(hint)})")
     if hint is float:
         value = float(value)
     check = f.metadata.get("check")

@@ -28,8 +28,12 @@ def parser() -> argparse.ArgumentParser:
         description="Run a command on several processes with torchrun.",
     )
     default_nproc = project.NUM_GPUS if project.NUM_GPUS > 0 else 1
-    p.add_argument("--nproc-per-node", type=int, default=default_nproc,
-                   help=f"processes on this node (default: {default_nproc}, from the answers)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=default_nproc,
+        help=f"processes on this node (default: {default_nproc}, from the answers)",
+    )
     p.add_argument("--nnodes", type=int, default=project.NUM_NODES, help="nodes in the job (default: %(default)s)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node)")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node)")
@@ -62,8 +66,16 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
     else:
         if args.rdzv_endpoint is None:
             raise SystemExit(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the first node)")
-        cmd += ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", str(args.rdzv_id)]
+        cmd += [
+            "--nnodes",
+            str(args.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            args.rdzv_endpoint,
+            "--rdzv-id",
+            str(args.rdzv_id),
+        ]
         if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
     cmd += ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]

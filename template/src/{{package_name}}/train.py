@@ -105,17 +105,17 @@ def train(cfg) -> list[dict]:
     )
     amp = device.type == "cuda" and cfg.train.amp in (True, "auto")
 
-    epoch, batch_in_epoch, step = 0, 0, 0
+    first_epoch, batch_in_epoch, step = 0, 0, 0
     ckpt = resume_path(cfg.train.resume, run_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
+        first_epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
         if main:
             set_rng_state(state["rng"])
-            log.info("resumed from %s at epoch %d, step %d", ckpt, epoch, step)
+            log.info("resumed from %s at epoch %d, step %d", ckpt, first_epoch, step)
 
     def checkpoint(epoch: int, batch_in_epoch: int) -> None:
         if main:
@@ -133,7 +133,7 @@ def train(cfg) -> list[dict]:
 
     budget = BadSampleBudget(cfg.data.bad_sample_budget)
     history = []
-    for epoch in range(epoch, cfg.train.epochs):
+    for epoch in range(first_epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
         if batch_in_epoch:  # resumed mid-epoch: skip what the checkpointed run already saw
@@ -179,7 +179,11 @@ def train(cfg) -> list[dict]:
                 f.write(json.dumps(metrics) + "\n")
             log.info(
                 "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
-                epoch, metrics["train_loss"], val_loss, val_acc, metrics["samples_per_s"],
+                epoch,
+                metrics["train_loss"],
+                val_loss,
+                val_acc,
+                metrics["samples_per_s"],
             )
     dist.teardown()
     return history

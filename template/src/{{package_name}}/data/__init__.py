@@ -1,9 +1,9 @@
 """The data pipeline: ``build_dataset(cfg, split)`` and ``build_loader(dataset, cfg, split)``.
 
-    from <package>.config import load_config
-    from <package>.data import build_dataset, build_loader
-    cfg = load_config()
-    loader = build_loader(build_dataset(cfg, "train"), cfg, "train")
+from <package>.config import load_config
+from <package>.data import build_dataset, build_loader
+cfg = load_config()
+loader = build_loader(build_dataset(cfg, "train"), cfg, "train")
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The DataLoader factory: sampler, workers, seeding and tuned settings in one place.
 
-    loader = build_loader(dataset, cfg, "train")
-    for epoch in range(cfg.train.epochs):
-        set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
-        for batch in loader: ...
+loader = build_loader(dataset, cfg, "train")
+for epoch in range(cfg.train.epochs):
+    set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
+    for batch in loader: ...
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +56,7 @@ def fingerprint(cfg, dataset) -> dict:
         "max_len": cfg.data.max_len,
         "cpus": usable_cpus(),
         "local_world_size": dist.local_world_size(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
     }
 
 
@@ -205,4 +205,3 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
     for obj in (loader.sampler, loader.dataset):
         if hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
-

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test: lint, then the template's tests (they render every answer combination and run
+# each rendered project's own tests, the update path and the validators).
+#   bash scripts/test.sh [pytest args]
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo/scripts/bootstrap.sh"
+cd "$repo"
+ruff check .
+ruff format --check .
+python -m pytest tests "$@"
