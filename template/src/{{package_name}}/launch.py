@@ -65,7 +65,10 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
         cmd.append("--standalone")
     else:
         if args.rdzv_endpoint is None:
-            raise SystemExit(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the first node)")
+            raise SystemExit(
+                f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the first node); "
+                "for a run on this machine alone pass --nnodes 1"
+            )
         cmd += [
             "--nnodes",
             str(args.nnodes),
