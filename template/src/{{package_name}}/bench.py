@@ -20,11 +20,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import yaml
-
 from . import dist
 from .data import build_loader
-from .data.loader import fingerprint, resolve_settings, set_epoch, usable_cpus
+from .data.loader import fingerprint, resolve_settings, set_epoch, usable_cpus, write_tuned
 
 log = logging.getLogger(__name__)
 
@@ -122,22 +120,13 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
         "default_rule": asdict(base),
     }
     if cfg.loader.tuned:
-        write_tuned(Path(cfg.loader.tuned), report)
+        write_tuned(cfg.loader.tuned, report["fingerprint"], tuned_loader)
     write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
 
 
 def quick_bench(cfg, dataset) -> dict:
     return run_bench(cfg, dataset, quick=True, budget_s=15.0)
-
-
-def write_tuned(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Written by `bench`; used for loader settings left at `auto` while the fingerprint matches.\n"
-    body = yaml.safe_dump({"fingerprint": report["fingerprint"], "loader": report["chosen"]}, sort_keys=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + body, encoding="utf-8")
-    tmp.replace(path)
 
 
 def table(report: dict) -> str:

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def train(cfg) -> list[dict]:
             train_loader.sampler.skip(batch_in_epoch * cfg.loader.batch_size)
         ddp_model.train()
         loss_sum, samples = 0.0, 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch}", disable=not main, leave=False, mininterval=1.0)
+        bar = tqdm(train_loader, desc=f"epoch {epoch}", disable=not (main and sys.stderr.isatty()), leave=False)
         for batch in bar:
             budget.update(batch["bad"])
             loss, _, n = forward_loss(ddp_model, batch, device, amp)

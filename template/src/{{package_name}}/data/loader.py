@@ -61,16 +61,34 @@ def fingerprint(cfg, dataset) -> dict:
 
 
 def read_tuned(cfg, dataset) -> dict | None:
-    """The ``loader`` settings of ``cfg.loader.tuned`` if it was made for this data and machine."""
-    path = Path(cfg.loader.tuned) if cfg.loader.tuned else None
-    if path is None or not path.is_file():
-        return None
+    """The ``loader`` settings in ``cfg.loader.tuned`` made for this data and machine, if any."""
+    fp = fingerprint(cfg, dataset)
+    for entry in _tuned_entries(cfg.loader.tuned):
+        if entry.get("fingerprint") == fp:
+            return entry.get("loader") or None
+    return None
+
+
+def _tuned_entries(path: str) -> list[dict]:
+    if not path or not Path(path).is_file():
+        return []
     with open(path, encoding="utf-8") as f:
-        tuned = yaml.safe_load(f) or {}
-    if tuned.get("fingerprint") != fingerprint(cfg, dataset):
-        log.info("%s was made for other data or another machine; ignoring it", path)
-        return None
-    return tuned.get("loader") or None
+        return (yaml.safe_load(f) or {}).get("entries") or []
+
+
+def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8) -> None:
+    """Record ``settings`` for fingerprint ``fp``, keeping the entries of other set-ups.
+
+    One file serves e.g. a 1-process and a 2-process run on the same data side by side.
+    """
+    entries = [e for e in _tuned_entries(path) if e.get("fingerprint") != fp]
+    entries = [{"fingerprint": fp, "loader": settings}, *entries][:keep]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Written by `bench`: loader settings for keys left at `auto`, per data/machine fingerprint.\n"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(header + yaml.safe_dump({"entries": entries}, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
 
 
 def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
