@@ -1,0 +1,270 @@
+"""Render every answer combination the template offers and check the rendered project.
+
+One render per combination (module-scoped fixture); the checks share it, and the last one
+runs the rendered project's own test suite. To cover a new data source, add its answers to
+SOURCES (test_every_offered_choice_is_rendered fails until a new choice is listed here).
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+import subprocess
+import sys
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import (
+    RENDERED_TESTS_TIMEOUT_S,
+    copier_questions,
+    copy_template_repo,
+    git,
+    leftover_jinja,
+    project_env,
+    render,
+    rendered_files,
+    run,
+    tail,
+)
+
+# The data sources rendered, as the answers that select each one (one entry per backend).
+SOURCES: list[dict[str, Any]] = [
+    {"data_source": "folder"},
+]
+FORMATS = ["image", "tensor", "sequence"]
+# "GPU answers": a CPU-only single machine, and 2 nodes x 2 GPUs (renders the SLURM script).
+HARDWARE = [{"num_gpus": 0, "num_nodes": 1}, {"num_gpus": 2, "num_nodes": 2}]
+BATCH_SIZE = 16  # not the default 32, so a default cannot pass for the answer
+
+
+def _combinations() -> list:
+    params = []
+    for source, data_format, hardware in product(SOURCES, FORMATS, HARDWARE):
+        name = "-".join([*map(str, source.values()), data_format, f"{hardware['num_nodes']}x{hardware['num_gpus']}gpu"])
+        answers = {
+            "project_name": f"Feed {name}",
+            **source,
+            "data_format": data_format,
+            **hardware,
+            "batch_size": BATCH_SIZE,
+        }
+        params.append(pytest.param(answers, id=name))
+    return params
+
+
+COMBINATIONS = _combinations()
+
+
+@dataclass
+class Rendered:
+    path: Path
+    answers: dict[str, Any]  # every answer asked, the derived package_name included
+    files: dict[str, bytes]  # what copier wrote, read right after the render
+
+    @property
+    def package(self) -> str:
+        return self.answers["package_name"]
+
+
+@pytest.fixture(scope="module", params=COMBINATIONS)
+def project(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    dst = tmp_path_factory.mktemp("render") / "project"
+    worker = render(dst, **request.param)
+    questions = copier_questions()
+    # the answers asked (a question whose `when` is false, e.g. stream_backend for a folder, is not)
+    answers = {k: v for k, v in worker.answers.combined.items() if k in questions and k not in worker.answers.hidden}
+    return Rendered(dst, answers, rendered_files(dst))
+
+
+# ---------------------------------------------------------------------------------------------
+# The list of combinations itself
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_offered_choice_is_rendered() -> None:
+    """Each choice of each multiple-choice question in copier.yml appears in some combination."""
+    rendered = [p.values[0] for p in COMBINATIONS]
+    for name, question in copier_questions().items():
+        choices = question.get("choices")
+        if not choices:
+            continue
+        offered = set(choices.values()) if isinstance(choices, dict) else set(choices)
+        covered = {answers[name] for answers in rendered if name in answers}
+        assert offered <= covered, f"{name}: choices {sorted(offered - covered)} are never rendered by test_render"
+
+
+# ---------------------------------------------------------------------------------------------
+# Per combination (in this order: the last one runs code in the project)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_derived_package_name(project: Rendered) -> None:
+    expected = re.sub(r"[^a-z0-9_]+", "_", project.answers["project_name"].lower()).strip("_")
+    assert project.package == expected
+    assert f"src/{expected}/__init__.py" in project.files
+
+
+def test_no_leftover_jinja(project: Rendered) -> None:
+    assert project.files, "nothing was rendered"
+    problems = leftover_jinja(project.files)
+    assert not problems, "Jinja left in the rendered project:\n" + "\n".join(problems)
+
+
+def test_ruff_check(project: Rendered) -> None:
+    result = run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], project.path)
+    assert result.returncode == 0, f"ruff check failed:\n{tail(result.stdout)}"
+
+
+def test_ruff_format(project: Rendered) -> None:
+    result = run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."], project.path)
+    assert result.returncode == 0, f"ruff format --check failed:\n{tail(result.stdout)}"
+
+
+def test_slurm_script_only_for_several_nodes(project: Rendered) -> None:
+    script = project.path / "scripts" / "slurm.sbatch"
+    if project.answers["num_nodes"] == 1:
+        assert not script.exists(), "scripts/slurm.sbatch rendered for a single node"
+        return
+    assert script.is_file(), "scripts/slurm.sbatch missing for num_nodes > 1"
+    text = script.read_text(encoding="utf-8")
+    assert f"#SBATCH --nodes={project.answers['num_nodes']}" in text
+    gpus = project.answers["num_gpus"]
+    assert (f"#SBATCH --gpus-per-node={gpus}" in text) == (gpus > 0)
+    assert f"--nproc-per-node {gpus or 1}" in text  # one process per GPU, one on a CPU-only node
+    assert f"python -m {project.package} launch" in text
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert syntax.returncode == 0, f"scripts/slurm.sbatch is not valid bash:\n{syntax.stderr}"
+
+
+def test_answers_file(project: Rendered) -> None:
+    saved = yaml.safe_load(project.files[".copier-answers.yml"])
+    assert saved["_src_path"], "no _src_path: copier update would not find the template"
+    assert saved["_commit"], "no _commit: copier update would not know the template version"
+    assert {k: saved.get(k) for k in project.answers} == project.answers
+
+
+def test_project_module_holds_the_answers(project: Rendered) -> None:
+    module = runpy.run_path(str(project.path / "src" / project.package / "project.py"))
+    names = {"package_name": "PACKAGE"}
+    for key, value in project.answers.items():
+        constant = names.get(key, key.upper())
+        assert constant in module, f"project.py has no {constant} (answer {key})"
+        assert module[constant] == value, f"project.py {constant} = {module[constant]!r}, answer {key} = {value!r}"
+
+
+def test_default_config(project: Rendered) -> None:
+    config = yaml.safe_load(project.files["configs/default.yaml"])
+    assert config["loader"]["batch_size"] == BATCH_SIZE
+    required = {
+        "data": {"root", "image_size", "max_len", "bad_sample_budget"},
+        "loader": {"batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "drop_last"},
+        "train": {"epochs", "lr", "seed", "run_dir", "checkpoint_every", "resume"},
+        "dist": {"backend", "timeout_s"},
+    }
+    for section, keys in required.items():
+        missing = keys - set(config.get(section) or {})
+        assert not missing, f"configs/default.yaml [{section}] lacks {sorted(missing)}"
+
+
+def test_pyproject(project: Rendered) -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = tomllib.loads(project.files["pyproject.toml"].decode("utf-8"))
+    assert pyproject["project"]["scripts"] == {project.package: f"{project.package}.__main__:main"}
+    assert pyproject["project"]["name"] == project.package.replace("_", "-")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
+def test_rendered_project_tests_pass(project: Rendered) -> None:
+    assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        project.path,
+        env=project_env(project.path),
+        timeout=RENDERED_TESTS_TIMEOUT_S,
+    )
+    assert result.returncode == 0, (
+        f"the rendered project's tests failed (exit {result.returncode}):\n{tail(result.stdout)}"
+    )
+    assert re.search(r"\b\d+ passed\b", result.stdout), f"no test passed:\n{tail(result.stdout)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Without --trust (--skip-tasks), and with --trust (the post-copy hook)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def untrusted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("untrusted") / "project"
+    render(dst, tasks=False)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def trusted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    dst = tmp_path_factory.mktemp("trusted") / "project"
+    render(dst, tasks=True)
+    return dst, rendered_files(dst)
+
+
+def test_skip_tasks_renders_no_git_repo(untrusted: Path) -> None:
+    assert (untrusted / ".copier-answers.yml").is_file()
+    assert not (untrusted / ".git").exists()
+
+
+def test_skip_tasks_project_runs(untrusted: Path) -> None:
+    result = run([sys.executable, "-m", "my_training", "--help"], untrusted, env=project_env(untrusted))
+    assert result.returncode == 0, tail(result.stdout)
+    assert "usage: python -m my_training" in result.stdout
+    for command in ("sample-data", "bench", "train", "launch"):
+        assert command in result.stdout, f"`{command}` missing from --help:\n{result.stdout}"
+
+
+def test_trust_makes_a_git_repo_with_one_commit(trusted: tuple[Path, dict[str, bytes]]) -> None:
+    path, files = trusted
+    assert (path / ".git").is_dir()
+    assert git(path, "rev-parse", "--show-toplevel") == str(path.resolve())
+    assert git(path, "rev-list", "--count", "HEAD") == "1"
+    assert git(path, "status", "--porcelain", "--untracked-files=all") == "", (
+        "work tree not clean after the first commit"
+    )
+    committed = set(git(path, "ls-files").splitlines())
+    assert committed == set(files), f"first commit differs from the render: {sorted(committed ^ set(files))}"
+
+
+def test_trust_inside_a_repo_creates_no_nested_repo(tmp_path: Path) -> None:
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git(outer, "init", "-q")
+    (outer / "README").write_text("outer\n", encoding="utf-8")
+    git(outer, "add", "README")
+    git(outer, "commit", "-q", "-m", "outer")
+    dst = outer / "projects" / "feed"
+    render(dst, tasks=True)
+    assert (dst / "src" / "my_training" / "__main__.py").is_file()
+    assert not (dst / ".git").exists(), "a nested git repository was created"
+    assert git(dst, "rev-parse", "--show-toplevel") == str(outer.resolve())
+    assert git(outer, "rev-list", "--count", "HEAD") == "1", "the hook committed into the enclosing repository"
+    assert git(outer, "status", "--porcelain") == "?? projects/", "the render should be left untracked for the owner"
+
+
+def test_trust_commits_without_a_git_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook names its own committer, so a machine without user.name/user.email still gets a commit."""
+    from plumbum import local
+
+    template = copy_template_repo(tmp_path / "template")
+    dst = tmp_path / "project"
+    with local.env():
+        for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+            monkeypatch.delenv(key)
+            del local.env[key]
+        monkeypatch.delenv("EMAIL", raising=False)
+        local.env.pop("EMAIL", None)
+        render(dst, tasks=True, src=template, vcs_ref="v0.1.0")
+    assert git(dst, "rev-list", "--count", "HEAD") == "1"
+    assert git(dst, "log", "-1", "--format=%an <%ae>") == "torchfeed <torchfeed@localhost>"
