@@ -25,8 +25,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sample-data", help="write a small learnable synthetic dataset to data.root")
-    s.add_argument("--out", default=None, help="where to write (default: data.root of the config)")
+    s.add_argument("--out", default=None, help=f"where to write (default: {sample_data_path('data.root')})")
     s.add_argument("--per-class", type=int, default=96, help="train samples per class (default: %(default)s)")
+    if project.STREAM_BACKEND == "http":
+        s.add_argument("--serve", action="store_true", help="then serve it over HTTP at data.root (loopback)")
     _common(s)
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
@@ -87,6 +89,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def sample_data_path(root: str) -> str:
+    """Where sample-data writes: data.root, except for http (the database behind the server)."""
+    return "data/sample.sqlite" if project.STREAM_BACKEND == "http" else root
+
+
+def sample_data(cfg, args: argparse.Namespace) -> None:
+    from .data import sample
+
+    out = args.out or sample_data_path(cfg.data.root)
+    per_class = {"train": args.per_class, "val": max(1, args.per_class // 4)}
+    write = sample.write_sqlite if project.DATA_SOURCE == "stream" else sample.write_folder
+    n = write(out, project.DATA_FORMAT, per_class, image_size=cfg.data.image_size, seed=cfg.train.seed)
+    print(f"wrote {n} {project.DATA_FORMAT} samples to {out}")
+    if getattr(args, "serve", False):
+        from .data.serve import serve
+
+        serve(out, cfg.data.root)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,48 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     torch_dist.all_reduce(t)
     return t.tolist()
+
+
+def stop_together(batches, device: torch.device):
+    """Yield from ``batches`` while every rank still has one; all ranks stop at the shortest.
+
+    # NOTE [ Uneven streams hang DDP ]
+    # With an IterableDataset each rank reads its own share, and shares differ by a few rows
+    # (or by much, for a live stream). A rank that runs out leaves the loop while the others
+    # wait in backward's all-reduce forever. One tiny all-reduce (MIN) per step lets every rank
+    # learn that someone is out and stop at the same step. Map-style datasets need none of this:
+    # DistributedSampler gives every rank the same number of batches.
+    """
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        yield from batches
+        return
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    for batch in _with_sentinel(batches):
+        flag.fill_(0 if batch is None else 1)
+        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
+        if flag.item() == 0:
+            return
+        yield batch
+
+
+def _with_sentinel(iterable):
+    yield from iterable
+    yield None
+
+
+def all_gather_object(obj) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` (just ``[obj]`` in a single process)."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return [obj]
+    out = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_min_max(value: int, device: torch.device) -> tuple[int, int]:
+    """The smallest and largest ``value`` over all ranks."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return value, value
+    t = torch.tensor([value, -value], dtype=torch.int64, device=device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return -int(t[1]), int(t[0])

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from . import dist, project
 from .checkpoint import CHECKPOINT, load_checkpoint, resume_path, rng_state, save_checkpoint, set_rng_state
 from .data import BadSampleBudget, build_dataset, build_loader, set_epoch
+from .data.loader import estimated_batches
 from .data.transforms import normalize_on_device
 from .model import build_model
 
@@ -97,28 +98,39 @@ def train(cfg) -> list[dict]:
     model = build_model(project.DATA_FORMAT, len(train_ds.classes), train_ds.fmt.sample_shape()).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if distributed else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    steps_per_epoch = len(train_loader)
+    stream = isinstance(train_ds, torch.utils.data.IterableDataset)
+    steps_per_epoch = estimated_batches(train_loader)  # None: a stream of unknown length
     if cfg.train.max_batches:
-        steps_per_epoch = min(steps_per_epoch, cfg.train.max_batches)
-    total_steps = steps_per_epoch * cfg.train.epochs
+        steps_per_epoch = min(steps_per_epoch or cfg.train.max_batches, cfg.train.max_batches)
+    # Cosine decay over the whole run; for a stream of unknown length the horizon is set from
+    # the first epoch's batch count, and the learning rate stays at its peak until then.
+    horizon = {"steps": steps_per_epoch * cfg.train.epochs if steps_per_epoch else None}
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))
+        optimizer,
+        lambda s: 1.0 if not horizon["steps"] else 0.5 * (1 + math.cos(math.pi * min(s / horizon["steps"], 1))),
     )
     amp = device.type == "cuda" and cfg.train.amp in (True, "auto")
 
     first_epoch, batch_in_epoch, step = 0, 0, 0
+    consumed: dict[int, int] = {}  # stream rows this rank's workers yielded this epoch, by worker
     ckpt = resume_path(cfg.train.resume, run_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        horizon["steps"] = horizon["steps"] or state.get("horizon")
         first_epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
+        if stream and batch_in_epoch:
+            _resume_stream(train_loader, state, first_epoch, rank)
+            consumed = dict(state["stream_rows"][rank]) if train_loader.dataset.resume else {}
+            batch_in_epoch = batch_in_epoch if train_loader.dataset.resume else 0
         if main:
             set_rng_state(state["rng"])
             log.info("resumed from %s at epoch %d, step %d", ckpt, first_epoch, step)
 
     def checkpoint(epoch: int, batch_in_epoch: int) -> None:
+        rows = dist.all_gather_object(consumed) if stream else None  # every rank takes part
         if main:
             state = {
                 "model": model.state_dict(),
@@ -127,6 +139,9 @@ def train(cfg) -> list[dict]:
                 "epoch": epoch,
                 "batch_in_epoch": batch_in_epoch,
                 "step": step,
+                "horizon": horizon["steps"],
+                "stream_rows": rows,
+                "loader": {"num_workers": train_loader.num_workers, "world_size": dist.get_world_size()},
                 "config": cfg.to_dict(),
                 "rng": rng_state(),
             }
@@ -137,29 +152,39 @@ def train(cfg) -> list[dict]:
     for epoch in range(first_epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
-        if batch_in_epoch:  # resumed mid-epoch: skip what the checkpointed run already saw
+        if batch_in_epoch and not stream:  # resumed mid-epoch: skip what the saved run already saw
             train_loader.sampler.skip(batch_in_epoch * cfg.loader.batch_size)
         ddp_model.train()
-        loss_sum, samples = 0.0, 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch}", disable=not (main and sys.stderr.isatty()), leave=False)
+        loss_sum, samples, batches = 0.0, 0, 0
+        bar = tqdm(
+            dist.stop_together(train_loader, device) if stream else train_loader,
+            desc=f"epoch {epoch}",
+            total=steps_per_epoch,
+            disable=not (main and sys.stderr.isatty()),
+            leave=False,
+        )
         for batch in bar:
             budget.update(batch["bad"])
+            consumed[batch["worker"]] = consumed.get(batch["worker"], 0) + len(batch["key"]) + len(batch["bad"])
             loss, _, n = forward_loss(ddp_model, batch, device, amp)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             scheduler.step()
-            step, batch_in_epoch = step + 1, batch_in_epoch + 1
+            step, batch_in_epoch, batches = step + 1, batch_in_epoch + 1, batches + 1
             loss_sum, samples = loss_sum + loss.item() * n, samples + n
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 checkpoint(epoch, batch_in_epoch)
-            if batch_in_epoch >= steps_per_epoch:
+            if steps_per_epoch and cfg.train.max_batches and batch_in_epoch >= steps_per_epoch:
                 break
+        if horizon["steps"] is None:
+            horizon["steps"] = max(1, batch_in_epoch) * cfg.train.epochs
         train_seconds = time.perf_counter() - start
         loss_sum, samples = dist.all_reduce_sum([loss_sum, samples], device)
         val_loss, val_acc, val_samples = evaluate(model, val_loader, device, amp, budget)
-        batch_in_epoch = 0
+        lo, hi = dist.all_reduce_min_max(batches, device)
+        batch_in_epoch, consumed = 0, {}
         checkpoint(epoch + 1, 0)
         metrics = {
             "epoch": epoch,
@@ -173,6 +198,7 @@ def train(cfg) -> list[dict]:
             "seconds": round(time.perf_counter() - start, 3),
             "samples_per_s": round(samples / train_seconds, 1),
             "world_size": dist.get_world_size(),
+            "rank_batches": [lo, hi],  # fewest and most training batches of any rank: equal
         }
         history.append(metrics)
         if main:
@@ -188,3 +214,18 @@ def train(cfg) -> list[dict]:
             )
     dist.teardown()
     return history
+
+
+def _resume_stream(loader, state: dict, epoch: int, rank: int) -> None:
+    """Make each worker of a stream skip the rows the checkpointed run had consumed this epoch.
+
+    The skip happens before decoding, and replays the same shuffle (seeded by seed, epoch,
+    rank and worker), so the resumed epoch continues where the saved one stopped. It needs the
+    same ``num_workers`` and world size; otherwise the epoch restarts from its beginning.
+    """
+    same = state.get("loader") == {"num_workers": loader.num_workers, "world_size": dist.get_world_size()}
+    if state.get("stream_rows") and same:
+        loader.dataset.resume = (epoch, dict(state["stream_rows"][rank]))
+    else:
+        loader.dataset.resume = None
+        log.warning("num_workers or world size changed since the checkpoint: epoch %d restarts from its start", epoch)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 
 
@@ -126,6 +127,8 @@ class SkipBadCollate:
     # A worker process cannot stop the run or keep a count the main process sees, so a
     # sample that fails to read or decode becomes ``{"key", "bad"}`` and rides along with
     # its batch; the training loop counts them in one place (``BadSampleBudget``).
+    # ``batch["worker"]`` says which worker made the batch, so a resumed stream knows how many
+    # rows each worker had consumed.
     """
 
     def __init__(self, collate) -> None:
@@ -135,7 +138,27 @@ class SkipBadCollate:
         good = [s for s in samples if "bad" not in s]
         batch = self.collate(good)
         batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
+        info = get_worker_info()
+        batch["worker"] = info.id if info is not None else 0
         return batch
+
+
+def fix_tensor_shape(fmt, payloads: list[bytes], where: str) -> None:
+    """Set a TensorFormat's shape from the first decodable payload, before any worker forks.
+
+    Every worker then checks samples against one shape (the train split's), instead of each
+    adopting whatever its first sample happens to be.
+    """
+    if not isinstance(fmt, TensorFormat) or fmt.shape is not None:
+        return
+    errors = []
+    for data in payloads:
+        try:
+            fmt.decode(data)
+            return
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    raise ValueError(f"no readable .npy among the first {len(payloads)} train samples of {where}: {errors[:3]}")
 
 
 def build_format(name: str, image_size: int = 64):

@@ -8,6 +8,7 @@ for epoch in range(cfg.train.epochs):
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
@@ -46,9 +47,10 @@ def usable_cpus() -> int:
 
 def fingerprint(cfg, dataset) -> dict:
     """What the tuned settings depend on; `train` re-tunes when any of it changes."""
+    root = cfg.data.root if "://" in cfg.data.root else str(Path(cfg.data.root).resolve())
     return {
-        "data_root": str(Path(cfg.data.root).resolve()),
-        "data_size": int(getattr(dataset, "data_size", len(dataset))),
+        "data_root": root,
+        "data_size": getattr(dataset, "data_size", None),
         "source": project.DATA_SOURCE,
         "format": project.DATA_FORMAT,
         "batch_size": cfg.loader.batch_size,
@@ -104,8 +106,8 @@ def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
         return value if value != "auto" else tuned.get(name, fallback)
 
     num_workers = pick("num_workers", max(1, usable_cpus() // dist.local_world_size()))
-    if isinstance(dataset, torch.utils.data.Dataset) and not isinstance(dataset, IterableDataset):
-        num_workers = min(num_workers, max(0, len(dataset)))
+    if not isinstance(dataset, IterableDataset):
+        num_workers = min(num_workers, len(dataset))
     return LoaderSettings(
         num_workers=num_workers,
         prefetch_factor=pick("prefetch_factor", 2),
@@ -189,7 +191,13 @@ def build_loader(dataset, cfg, split: str, *, rank: int | None = None, world_siz
         rank, world_size = dist.get_rank(), dist.get_world_size()
     train = split == "train"
     s = resolve_settings(cfg, dataset, read_tuned(cfg, dataset))
-    if train:
+    if isinstance(dataset, IterableDataset):
+        # The stream shards itself by rank, then by worker (see stages.py); this loader's copy
+        # gets this rank, sharing the epoch counter with the original.
+        dataset = copy.copy(dataset)
+        dataset.rank, dataset.world_size = rank, world_size
+        sampler = None
+    elif train:
         sampler = ResumableDistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.train.seed
         )
@@ -216,6 +224,25 @@ def build_loader(dataset, cfg, split: str, *, rank: int | None = None, world_siz
         prefetch_factor=s.prefetch_factor if workers else None,
         persistent_workers=s.persistent_workers if workers else False,
     )
+
+
+def estimated_batches(loader: DataLoader) -> int | None:
+    """Batches one epoch of ``loader`` yields on this rank; ``None`` when the source cannot tell.
+
+    For an IterableDataset this is computed from its ``__len__`` per worker (each worker ends
+    with its own partial batch) instead of ``len(loader)``, whose single division undercounts.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, IterableDataset):
+        return len(loader)
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    workers = max(1, loader.num_workers)
+    bs = loader.batch_size
+    per_worker = [n // workers + (w < n % workers) for w in range(workers)]
+    return sum(k // bs if loader.drop_last else math.ceil(k / bs) for k in per_worker)
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:

@@ -6,6 +6,7 @@ array; sequence: a vocabulary), plus noise, so a few epochs visibly lower the lo
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
@@ -43,8 +44,7 @@ def _encode(label: int, index: int, rng: np.random.Generator, fmt: str, image_si
     if fmt == "tensor":
         prototype = np.random.default_rng(1000 + label).normal(0, 1, TENSOR_SHAPE)
         array = (prototype + rng.normal(0, 1.0, TENSOR_SHAPE)).astype(np.float32)
-        buf = _npy_bytes(array)
-        return ".npy", buf
+        return ".npy", _npy_bytes(array)
     if fmt == "sequence":
         vocab = WORDS[label] + ("the", "and", "of", "a")
         n = int(rng.integers(4, 48))
@@ -54,32 +54,56 @@ def _encode(label: int, index: int, rng: np.random.Generator, fmt: str, image_si
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
 
 
-def write_folder(out: str, fmt: str, per_class: dict[str, int], image_size: int = 64, seed: int = 0) -> int:
-    """Write ``out/<split>/<class>/<n>.<ext>``; returns how many files were written.
+def generate(fmt: str, per_class: dict[str, int], image_size: int = 64, seed: int = 0):
+    """Yield ``(split, label, name, ext, payload)`` with the classes interleaved within each split.
 
     Args:
-        out (str): the dataset root (``data.root``).
         fmt (str): image | tensor | sequence.
         per_class (dict): samples per class for each split, e.g. ``{"train": 96, "val": 24}``.
         image_size (int): side of the generated images. Default: 64.
-        seed (int): the same seed writes the same files. Default: 0.
+        seed (int): the same seed makes the same samples. Default: 0.
     """
     rng = np.random.default_rng(seed)
-    written = 0
     for split, count in per_class.items():
-        for label, name in enumerate(CLASSES):
-            class_dir = os.path.join(out, split, name)
-            os.makedirs(class_dir, exist_ok=True)
-            for index in range(count):
+        for index in range(count):
+            for label in range(len(CLASSES)):
                 ext, payload = _encode(label, index, rng, fmt, image_size)
-                with open(os.path.join(class_dir, f"{index:05d}{ext}"), "wb") as f:
-                    f.write(payload)
-                written += 1
+                yield split, label, f"{index:05d}", ext, payload
+
+
+def write_folder(out: str, fmt: str, per_class: dict[str, int], image_size: int = 64, seed: int = 0) -> int:
+    """Write ``out/<split>/<class>/<n>.<ext>`` (see :func:`generate`); returns the file count."""
+    written = 0
+    for split, label, name, ext, payload in generate(fmt, per_class, image_size, seed):
+        class_dir = os.path.join(out, split, CLASSES[label])
+        os.makedirs(class_dir, exist_ok=True)
+        with open(os.path.join(class_dir, name + ext), "wb") as f:
+            f.write(payload)
+        written += 1
+    return written
+
+
+def write_sqlite(path: str, fmt: str, per_class: dict[str, int], image_size: int = 64, seed: int = 0) -> int:
+    """Write the ``samples`` table of the stream source to ``path`` (replaced if present)."""
+    import sqlite3
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    conn = sqlite3.connect(tmp)
+    try:
+        conn.execute("CREATE TABLE samples(id INTEGER PRIMARY KEY, split TEXT, label INTEGER, data BLOB)")
+        rows = ((split, label, payload) for split, label, _, _, payload in generate(fmt, per_class, image_size, seed))
+        conn.executemany("INSERT INTO samples(split, label, data) VALUES (?, ?, ?)", rows)
+        conn.commit()
+        written = conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    finally:
+        conn.close()
+    os.replace(tmp, path)
     return written
