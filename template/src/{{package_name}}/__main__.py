@@ -64,17 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.command == "sample-data":
-            from .data.sample import write_folder
-
-            out = args.out or cfg.data.root
-            n = write_folder(
-                out,
-                project.DATA_FORMAT,
-                {"train": args.per_class, "val": max(1, args.per_class // 4)},
-                image_size=cfg.data.image_size,
-                seed=cfg.train.seed,
-            )
-            print(f"wrote {n} {project.DATA_FORMAT} samples to {out}")
+            sample_data(cfg, args)
         elif args.command == "bench":
             from .bench import run_bench, table
 

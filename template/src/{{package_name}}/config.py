@@ -60,7 +60,7 @@ class DataConfig:
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
     bad_sample_budget: int = _field(10, _non_negative, ">= 0")
     # Classes; 0 = infer (folder: class folders; sqlite: largest label + 1). An HTTP API must set it.
-    num_classes: int = _field(0, _non_negative, ">= 0")
+    num_classes: int = _field(4 if project.STREAM_BACKEND == "http" else 0, _non_negative, ">= 0")
     # Streams: end each training epoch after this many samples over all ranks (0 = when exhausted).
     samples_per_epoch: int = _field(0, _non_negative, ">= 0")
     # Streams: rows in the approximate shuffle buffer of each worker (1 = no shuffling).
