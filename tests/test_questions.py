@@ -48,6 +48,7 @@ BAD_ANSWERS = [
 IDENTIFIER_HINT = ["package_name", "lowercase letters, digits and underscores", "not starting with a digit"]
 for name in ["1abc", "my-pkg", "Class", "", "with space", "café"]:
     BAD_ANSWERS.append(pytest.param({"package_name": name}, IDENTIFIER_HINT, id=f"package_name={name!r}"))
+BAD_ANSWERS.append(pytest.param({"package_name": "x" * 41}, ["package_name", "at most 40"], id="package_name=41chars"))
 for name in ["class", "import"]:
     BAD_ANSWERS.append(pytest.param({"package_name": name}, ["package_name", "Python keyword"], id=f"keyword={name}"))
 # Names the rendered project imports (or that its tests and tools import): the package would shadow them.

@@ -34,6 +34,8 @@ from conftest import (
 # The data sources rendered, as the answers that select each one (one entry per backend).
 SOURCES: list[dict[str, Any]] = [
     {"data_source": "folder"},
+    {"data_source": "stream", "stream_backend": "sqlite"},
+    {"data_source": "stream", "stream_backend": "http"},
 ]
 FORMATS = ["image", "tensor", "sequence"]
 # "GPU answers": a CPU-only single machine, and 2 nodes x 2 GPUs (renders the SLURM script).

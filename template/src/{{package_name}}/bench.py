@@ -24,7 +24,8 @@ from pathlib import Path
 
 from . import dist
 from .data import build_loader
-from .data.loader import fingerprint, resolve_settings, set_epoch, usable_cpus, write_tuned
+from .data.loader import resolve_settings, set_epoch
+from .data.tuned import fingerprint, write_tuned
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
 
 def grid(quick: bool) -> list[tuple[int, int]]:
     """``(num_workers, prefetch_factor)`` pairs to try, cheapest first."""
-    most = max(1, usable_cpus() // dist.local_world_size())
+    most = max(1, dist.usable_cpus() // dist.local_world_size())
     workers = sorted({0, 1, most} if quick else {0, 1, 2, 4, 6, 8, most} & set(range(most + 1)))
     prefetch = (2,) if quick else (2, 4)
     return [(w, p) for w in workers for p in ((2,) if w == 0 else prefetch)]

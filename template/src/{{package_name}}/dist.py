@@ -39,6 +39,14 @@ def local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (CPU affinity, e.g. a SLURM or container limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
 def is_main_process() -> bool:
     return get_rank() == 0
 

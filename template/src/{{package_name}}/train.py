@@ -70,7 +70,7 @@ def evaluate(model, loader, device, amp: bool, budget: BadSampleBudget) -> tuple
 def ensure_tuned(cfg, dataset) -> None:
     """Run the quick benchmark (rank 0) when ``configs/tuned.yaml`` is missing or stale."""
     from .bench import quick_bench  # bench imports the data stack; keep `train` importable alone
-    from .data.loader import read_tuned
+    from .data.tuned import read_tuned
 
     if not cfg.loader.tuned or read_tuned(cfg, dataset) is not None:
         return

@@ -12,17 +12,15 @@ import copy
 import itertools
 import logging
 import math
-import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from .. import dist, project
+from .tuned import read_tuned
 
 log = logging.getLogger(__name__)
 
@@ -37,62 +35,6 @@ class LoaderSettings:
     pin_memory: bool
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (CPU affinity, e.g. a SLURM or container limit)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def fingerprint(cfg, dataset) -> dict:
-    """What the tuned settings depend on; `train` re-tunes when any of it changes."""
-    root = cfg.data.root if "://" in cfg.data.root else str(Path(cfg.data.root).resolve())
-    return {
-        "data_root": root,
-        "data_size": getattr(dataset, "data_size", None),
-        "source": project.DATA_SOURCE,
-        "format": project.DATA_FORMAT,
-        "batch_size": cfg.loader.batch_size,
-        "image_size": cfg.data.image_size,
-        "max_len": cfg.data.max_len,
-        "cpus": usable_cpus(),
-        "local_world_size": dist.local_world_size(),
-        "torch": str(torch.__version__),
-    }
-
-
-def read_tuned(cfg, dataset) -> dict | None:
-    """The ``loader`` settings in ``cfg.loader.tuned`` made for this data and machine, if any."""
-    fp = fingerprint(cfg, dataset)
-    for entry in _tuned_entries(cfg.loader.tuned):
-        if entry.get("fingerprint") == fp:
-            return entry.get("loader") or None
-    return None
-
-
-def _tuned_entries(path: str) -> list[dict]:
-    if not path or not Path(path).is_file():
-        return []
-    with open(path, encoding="utf-8") as f:
-        return (yaml.safe_load(f) or {}).get("entries") or []
-
-
-def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8) -> None:
-    """Record ``settings`` for fingerprint ``fp``, keeping the entries of other set-ups.
-
-    One file serves e.g. a 1-process and a 2-process run on the same data side by side.
-    """
-    entries = [e for e in _tuned_entries(path) if e.get("fingerprint") != fp]
-    entries = [{"fingerprint": fp, "loader": settings}, *entries][:keep]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Written by `bench`: loader settings for keys left at `auto`, per data/machine fingerprint.\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + yaml.safe_dump({"entries": entries}, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
-
-
 def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
     """Turn ``auto`` values into numbers: the tuned value, else the default rule.
 
@@ -105,7 +47,7 @@ def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
         value = getattr(c, name)
         return value if value != "auto" else tuned.get(name, fallback)
 
-    num_workers = pick("num_workers", max(1, usable_cpus() // dist.local_world_size()))
+    num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.local_world_size()))
     if not isinstance(dataset, IterableDataset):
         num_workers = min(num_workers, len(dataset))
     return LoaderSettings(
