@@ -8,4 +8,5 @@ source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 ruff check .
 ruff format --check .
-python -m pytest tests "$@"
+# Two workers: the rendered projects' suites spend much of their time starting processes.
+python -m pytest tests -n "${TEST_WORKERS:-2}" "$@"

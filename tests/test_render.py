@@ -36,6 +36,7 @@ SOURCES: list[dict[str, Any]] = [
     {"data_source": "folder"},
     {"data_source": "stream", "stream_backend": "sqlite"},
     {"data_source": "stream", "stream_backend": "http"},
+    {"data_source": "shards"},
 ]
 FORMATS = ["image", "tensor", "sequence"]
 # "GPU answers": a CPU-only single machine, and 2 nodes x 2 GPUs (renders the SLURM script).

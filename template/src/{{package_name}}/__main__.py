@@ -30,6 +30,15 @@ def parser() -> argparse.ArgumentParser:
     if project.STREAM_BACKEND == "http":
         s.add_argument("--serve", action="store_true", help="then serve it over HTTP at data.root (loopback)")
     _common(s)
+    if project.DATA_SOURCE == "shards":
+        k = sub.add_parser("pack", help="convert a folder dataset into tar shards at data.root")
+        k.add_argument("--to", choices=["shards"], required=True, help="what to write")
+        k.add_argument("--src", required=True, help="the folder dataset: SRC/{train,val}/<class>/<file>")
+        k.add_argument("--out", default=None, help="where the shards go (default: data.root)")
+        k.add_argument("--max-size-mb", type=float, default=256, help="shard size (default: %(default)s MB)")
+        k.add_argument("--max-samples", type=int, default=0, help="samples per shard (default: no limit)")
+        k.add_argument("--force", action="store_true", help="replace existing shards")
+        _common(k)
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
     b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
@@ -65,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "sample-data":
             sample_data(cfg, args)
+        elif args.command == "pack":
+            from .data.formats import build_format
+            from .data.pack import pack_shards
+
+            fmt = build_format(project.DATA_FORMAT, cfg.data.image_size)
+            out = args.out or cfg.data.root
+            written = pack_shards(args.src, out, fmt, args.max_size_mb, args.max_samples, args.force)
+            for split, counts in written.items():
+                print(f"{split}: {sum(counts.values())} samples in {len(counts)} shards under {out}/{split}")
         elif args.command == "bench":
             from .bench import run_bench, table
 
@@ -75,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             from .train import train
 
             train(cfg)
-    except (FileNotFoundError, BadSampleBudgetExceeded) as e:
+    except (FileNotFoundError, FileExistsError, BadSampleBudgetExceeded) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
@@ -91,8 +109,22 @@ def sample_data(cfg, args: argparse.Namespace) -> None:
 
     out = args.out or sample_data_path(cfg.data.root)
     per_class = {"train": args.per_class, "val": max(1, args.per_class // 4)}
-    write = sample.write_sqlite if project.DATA_SOURCE == "stream" else sample.write_folder
-    n = write(out, project.DATA_FORMAT, per_class, image_size=cfg.data.image_size, seed=cfg.train.seed)
+    kwargs = {"image_size": cfg.data.image_size, "seed": cfg.train.seed}
+    if project.DATA_SOURCE == "stream":
+        n = sample.write_sqlite(out, project.DATA_FORMAT, per_class, **kwargs)
+    elif project.DATA_SOURCE == "shards":  # write the folder layout, then pack it: 8 train shards
+        import tempfile
+
+        from .data.formats import build_format
+        from .data.pack import pack_shards
+
+        with tempfile.TemporaryDirectory() as folder:
+            n = sample.write_folder(folder, project.DATA_FORMAT, per_class, **kwargs)
+            fmt = build_format(project.DATA_FORMAT, cfg.data.image_size)
+            per_shard = max(1, -(-args.per_class * len(sample.CLASSES) // 8))
+            pack_shards(folder, out, fmt, max_samples=per_shard, force=True, progress=False)
+    else:
+        n = sample.write_folder(out, project.DATA_FORMAT, per_class, **kwargs)
     print(f"wrote {n} {project.DATA_FORMAT} samples to {out}")
     if getattr(args, "serve", False):
         from .data.serve import serve

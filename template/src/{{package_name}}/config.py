@@ -46,12 +46,13 @@ def _auto_or(check):
 DEFAULT_ROOT = {
     "folder": "data/sample",
     "stream": "http://127.0.0.1:8765/samples" if project.STREAM_BACKEND == "http" else "data/sample.sqlite",
+    "shards": "data/shards",
 }
 
 
 @dataclass
 class DataConfig:
-    # Where the data is: the folder with train/ and val/, the SQLite file, or the HTTP URL.
+    # Where the data is: the folder with train/ and val/, the SQLite file, the HTTP URL, or the shards folder.
     root: str = DEFAULT_ROOT[project.DATA_SOURCE]
     # Images: side of the square crop fed to the model.
     image_size: int = _field(64, lambda v: v >= 8, ">= 8")
@@ -59,11 +60,11 @@ class DataConfig:
     max_len: int = _field(256, _positive, ">= 1")
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
     bad_sample_budget: int = _field(10, _non_negative, ">= 0")
-    # Classes; 0 = infer (folder: class folders; sqlite: largest label + 1). An HTTP API must set it.
+    # Classes; 0 = infer (folder: class folders; sqlite: largest label + 1; shards: _index.json).
     num_classes: int = _field(4 if project.STREAM_BACKEND == "http" else 0, _non_negative, ">= 0")
     # Streams: end each training epoch after this many samples over all ranks (0 = when exhausted).
     samples_per_epoch: int = _field(0, _non_negative, ">= 0")
-    # Streams: rows in the approximate shuffle buffer of each worker (1 = no shuffling).
+    # Streams and shards: samples in each worker's approximate shuffle buffer (1 = no shuffling).
     shuffle_buffer: int = _field(1000, _positive, ">= 1")
     # HTTP streams: rows per request, retries of a transient failure, seconds per request.
     http_page_size: int = _field(256, _positive, ">= 1")

@@ -7,6 +7,7 @@ N processes:       python -m <package> launch --nproc-per-node N -- train train.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -156,10 +157,17 @@ def train(cfg) -> list[dict]:
             train_loader.sampler.skip(batch_in_epoch * cfg.loader.batch_size)
         ddp_model.train()
         loss_sum, samples, batches = 0.0, 0, 0
+        batches_iter, planned = train_loader, steps_per_epoch
+        if stream:  # every rank stops at the same step; shards with an index know it in advance
+            planned = estimated_batches(train_loader)
+            exact = planned - batch_in_epoch if planned is not None and hasattr(train_ds, "exact_batches") else None
+            batches_iter = itertools.islice(dist.stop_together(train_loader, device), exact)
+            if planned and cfg.train.max_batches:
+                planned = min(planned, cfg.train.max_batches)
         bar = tqdm(
-            dist.stop_together(train_loader, device) if stream else train_loader,
+            batches_iter,
             desc=f"epoch {epoch}",
-            total=steps_per_epoch,
+            total=planned,
             disable=not (main and sys.stderr.isatty()),
             leave=False,
         )

@@ -38,6 +38,8 @@ def build_dataset(cfg, split: str):
     transform = build_transform(project.DATA_FORMAT, split, cfg.data.image_size, cfg.data.max_len)
     if project.DATA_SOURCE == "stream":
         from .stream import open_stream as open_source
+    elif project.DATA_SOURCE == "shards":
+        from .shards import open_shards as open_source
     else:
         from .folder import open_folder as open_source
     dataset = open_source(cfg, split, fmt, transform)

@@ -138,6 +138,8 @@ def build_loader(dataset, cfg, split: str, *, rank: int | None = None, world_siz
         # gets this rank, sharing the epoch counter with the original.
         dataset = copy.copy(dataset)
         dataset.rank, dataset.world_size = rank, world_size
+        if hasattr(dataset, "check_loader"):
+            dataset.check_loader(s.num_workers, world_size)
         sampler = None
     elif train:
         sampler = ResumableDistributedSampler(
@@ -173,10 +175,14 @@ def estimated_batches(loader: DataLoader) -> int | None:
 
     For an IterableDataset this is computed from its ``__len__`` per worker (each worker ends
     with its own partial batch) instead of ``len(loader)``, whose single division undercounts.
+    A source with ``exact_batches`` (shards with an index) knows the count for the current
+    epoch, the same on every rank.
     """
     dataset = loader.dataset
     if not isinstance(dataset, IterableDataset):
         return len(loader)
+    if hasattr(dataset, "exact_batches"):
+        return dataset.exact_batches(loader.batch_size, loader.num_workers, loader.drop_last)
     try:
         n = len(dataset)
     except TypeError:
