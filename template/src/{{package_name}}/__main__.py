@@ -84,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
             for split, counts in written.items():
                 print(f"{split}: {sum(counts.values())} samples in {len(counts)} shards under {out}/{split}")
         elif args.command == "bench":
-            from .bench import run_bench, table
+            from .bench import run_bench
+            from .report import summary, table
 
             report = run_bench(cfg, build_dataset(cfg, "train"), quick=args.quick, budget_s=args.budget_s)
             print(table(report))
-            print(f"chosen: {report['chosen']} -> {cfg.loader.tuned or '(loader.tuned is empty: not saved)'}")
+            print(summary(report))
+            print(f"saved to {cfg.loader.tuned or '(nowhere: loader.tuned is empty)'}")
         elif args.command == "train":
             from .train import train
 

@@ -1,61 +1,94 @@
-"""Data-loading benchmark: the training loop minus the model, run before training.
+"""Data-loading benchmark: the training loop minus the model, run before writing model code.
 
-    python -m <package> bench              # sweep num_workers x prefetch_factor (<= --budget-s)
-    python -m <package> bench --quick      # a few seconds; `train` runs this when needed
+    python -m <package> bench              # sweep, stall, checks, report (<= --budget-s for the sweep)
+    python -m <package> bench --quick      # a few seconds; `train` runs this when the tuned file is stale
 
-Times the loader alone on the train split with its real transforms, after a warm-up:
-samples/s, ms per batch (median, p90) and time to the first batch. Picks the cheapest
-setting with workers (fewest, then least prefetch) within 5% of the best measured; the
-``num_workers=0`` row is reported as the baseline (loading inside the training process, which
-cannot overlap the step). Writes the choice,
-with the fingerprint of this data and machine, to ``configs/tuned.yaml``. Reports go to
-``<run_dir>/bench/bench.{json,md,png}``.
+1. The loader alone, on the train split with its real transforms, after a warm-up:
+   samples/s, ms per batch (median, p90), time to the first batch, peak RSS of the main
+   process and of the workers. Swept over num_workers (0 up to the usable CPUs) for each
+   prefetch_factor, a branch stopping once adding workers stops helping, within --budget-s.
+2. The choice: the cheapest setting with workers (fewest, then least prefetch) within 5% of
+   the best; ``num_workers=0`` is reported as the baseline (loading inside the training
+   process cannot overlap the step). persistent_workers and, with CUDA, pin_memory are then
+   chosen by measuring the epoch switch and the host-to-device copy. The choice goes to
+   ``configs/tuned.yaml`` with the fingerprint of this data and machine.
+3. The stall: the default model's step on a real batch, on the training device, against the
+   loader's time per batch, i.e. how much of a step would be spent waiting for data.
+4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
+   memory growth, repeated augmentations, a collate that cannot batch.
+
+Reports: ``<run_dir>/bench/bench.{json,md,png}``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import statistics
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import dist
+import psutil
+import torch
+from tqdm import tqdm
+
+from . import dist, project
+from .checks import run_checks
 from .data import build_loader
 from .data.loader import resolve_settings, set_epoch
 from .data.tuned import fingerprint, write_tuned
+from .report import write_reports
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 0.05  # settings within 5% of the best count as equally fast
 
 
-def measure(loader, batches: int, warmup: int = 2) -> dict:
+def _rss_mb() -> tuple[float, float]:
+    """RSS of this process and the largest of its children (the workers), in MB."""
+    me = psutil.Process()
+    workers = [c.memory_info().rss for c in me.children(recursive=True)]
+    return me.memory_info().rss / 2**20, max(workers, default=0) / 2**20
+
+
+def measure(loader, batches: int, warmup: int = 2, device: torch.device | None = None) -> dict:
     """Iterate ``loader`` (over epochs if it is short) and time it.
 
-    Returns samples/s over the timed batches, ms per batch (median, p90) and seconds to
-    the first batch of the first epoch.
+    Args:
+        loader: the DataLoader to time.
+        batches (int): batches timed after ``warmup`` untimed ones.
+        device (torch.device, optional): also copy each batch there (``non_blocking``), as training does.
+
+    Returns samples/s, ms per batch (median, p90), seconds to the first batch of the first
+    epoch, and peak RSS (MB) of the main process and of the largest worker.
     """
-    times, samples, epoch, first_batch_s = [], 0, 0, None
+    times, samples, epoch, first_batch_s, peak = [], 0, 0, None, (0.0, 0.0)
     while len(times) < batches + warmup:
         set_epoch(loader, epoch)
         start = last = time.perf_counter()
         got = 0
         for batch in loader:
+            if device is not None:
+                batch["input"].to(device, non_blocking=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
             now = time.perf_counter()
             if first_batch_s is None:
                 first_batch_s = now - start
             times.append(now - last)
             if len(times) > warmup:
                 samples += len(batch["target"])
-            last, got = now, got + 1
+            if len(times) % 8 == 0:
+                peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
+            last, got = time.perf_counter(), got + 1
             if len(times) >= batches + warmup:
                 break
         if got == 0:
             raise RuntimeError("the loader yielded no batch; is the dataset empty?")
         epoch += 1
+    peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
     timed = sorted(times[warmup:])
     total = sum(timed)
     return {
@@ -63,15 +96,17 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
         "ms_per_batch": round(1000 * statistics.median(timed), 2),
         "ms_per_batch_p90": round(1000 * timed[int(0.9 * (len(timed) - 1))], 2),
         "first_batch_s": round(first_batch_s, 3),
+        "rss_main_mb": round(peak[0], 1),
+        "rss_worker_mb": round(peak[1], 1),
     }
 
 
-def grid(quick: bool) -> list[tuple[int, int]]:
-    """``(num_workers, prefetch_factor)`` pairs to try, cheapest first."""
+def worker_counts(quick: bool) -> list[int]:
+    """num_workers to try, ascending: 0 (the baseline) up to the usable CPUs of this process."""
     most = max(1, dist.usable_cpus() // dist.local_world_size())
-    workers = sorted({0, 1, most} if quick else {0, 1, 2, 4, 6, 8, most} & set(range(most + 1)))
-    prefetch = (2,) if quick else (2, 4)
-    return [(w, p) for w in workers for p in ((2,) if w == 0 else prefetch)]
+    if quick:
+        return sorted({0, 1, most})
+    return sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, most} & set(range(most + 1)))
 
 
 def choose(points: list[dict]) -> dict:
@@ -90,28 +125,122 @@ def choose(points: list[dict]) -> dict:
     return min(good, key=lambda p: (p["num_workers"], p["prefetch_factor"]))
 
 
+def _loader(cfg, dataset, **settings):
+    variant = copy.deepcopy(cfg)
+    variant.loader.tuned = ""
+    for key, value in settings.items():
+        setattr(variant.loader, key, value)
+    return build_loader(dataset, variant, "train", rank=0, world_size=1)
+
+
+def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> list[dict]:
+    """Measure (num_workers, prefetch_factor) settings; a branch stops when more workers stop helping."""
+    workers = worker_counts(quick)
+    branches = (2,) if quick else (2, 4)
+    deadline = time.perf_counter() + budget_s
+    points: list[dict] = []
+    bar = tqdm(
+        total=1 + (len(workers) - 1) * len(branches),
+        desc="bench",
+        leave=False,
+        disable=quick or not sys.stderr.isatty(),
+    )
+    plan = [[(0, 2)]] + [[(w, p) for w in workers if w > 0] for p in branches]
+    for branch in plan:
+        best = 0.0
+        for num_workers, prefetch_factor in branch:
+            if points and time.perf_counter() > deadline:
+                log.info("bench: --budget-s %.0f spent; skipping the remaining settings", budget_s)
+                bar.close()
+                return points
+            loader = _loader(
+                cfg,
+                dataset,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor,
+                persistent_workers=True,
+                pin_memory=pin_memory,
+            )
+            point = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, **measure(loader, batches)}
+            del loader  # stops its workers before the next setting starts
+            points.append(point)
+            bar.update()
+            log.info("bench: %s", point)
+            if point["samples_per_s"] < best * (1 + TOLERANCE / 2):
+                break  # throughput stopped rising: more workers in this branch cost more for nothing
+            best = max(best, point["samples_per_s"])
+    bar.close()
+    return points
+
+
+def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 3) -> float:
+    """Median seconds from asking for a new epoch to its first batch (after one warm epoch)."""
+    loader = _loader(
+        cfg,
+        dataset,
+        num_workers=chosen["num_workers"],
+        prefetch_factor=chosen["prefetch_factor"],
+        persistent_workers=persistent,
+        pin_memory=False,
+    )
+    next(iter(loader))
+    times = []
+    for epoch in range(1, repeats + 1):
+        set_epoch(loader, epoch)
+        start = time.perf_counter()
+        next(iter(loader))
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times), 4)
+
+
+def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
+    """The default model's step on a real batch, on the training device, against the loader."""
+    from .model import build_model
+    from .train import forward_loss
+
+    device = dist.pick_device(project.NUM_GPUS)
+    batch = next(iter(_loader(cfg, dataset, num_workers=0)))
+    model = build_model(project.DATA_FORMAT, len(dataset.classes), dataset.fmt.sample_shape()).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp = device.type == "cuda"
+    times = []
+    for i in range(12):  # 3 warm-up steps, 9 timed
+        start = time.perf_counter()
+        loss, _, _ = forward_loss(model, batch, device, amp)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    model_rate = len(batch["target"]) / step_s
+    ratio = loader_samples_per_s / model_rate
+    if ratio < 1:
+        verdict = (
+            f"data-bound: the loader delivers {ratio:.0%} of what the model consumes; "
+            f"about {1 - ratio:.0%} of each step would be spent waiting for data"
+        )
+    else:
+        verdict = f"compute-bound: the loader delivers {ratio:.1f}x what the model consumes"
+    return {
+        "device": str(device),
+        "model_ms_per_step": round(1000 * step_s, 2),
+        "model_samples_per_s": round(model_rate, 1),
+        "loader_over_model": round(ratio, 3),
+        "waiting_fraction": round(max(0.0, 1 - ratio), 3),
+        "verdict": verdict,
+    }
+
+
 def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches: int | None = None) -> dict:
-    """Sweep the loader settings, write ``configs/tuned.yaml`` and the reports; return the report."""
+    """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports."""
     batches = batches or (6 if quick else 30)
     base = resolve_settings(cfg, dataset)
-    points, deadline = [], time.perf_counter() + budget_s
-    for num_workers, prefetch_factor in grid(quick):
-        if points and time.perf_counter() > deadline:
-            log.info("bench: --budget-s %.0f spent; skipping the remaining settings", budget_s)
-            break
-        variant = copy.deepcopy(cfg)
-        variant.loader.num_workers = num_workers
-        variant.loader.prefetch_factor = prefetch_factor
-        variant.loader.persistent_workers = True
-        variant.loader.pin_memory = base.pin_memory
-        variant.loader.tuned = ""
-        loader = build_loader(dataset, variant, "train", rank=0, world_size=1)
-        point = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, **measure(loader, batches)}
-        del loader  # stops its workers before the next setting starts
-        points.append(point)
-        log.info("bench: %s", point)
+    points = sweep(cfg, dataset, quick, budget_s, batches, pin_memory=False)
     chosen = choose(points)
-    tuned_loader = {
+    tuned = {
         "num_workers": chosen["num_workers"],
         "prefetch_factor": chosen["prefetch_factor"],
         "persistent_workers": True,
@@ -120,91 +249,47 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
     report = {
         "fingerprint": fingerprint(cfg, dataset),
         "batch_size": cfg.loader.batch_size,
+        "quick": quick,
         "batches_timed": batches,
         "points": points,
-        "chosen": tuned_loader,
         "chosen_point": chosen,
         "default_rule": asdict(base),
     }
+    if not quick and chosen["num_workers"] > 0:
+        switch = {
+            "persistent": epoch_switch_s(cfg, dataset, chosen, True),
+            "fresh": epoch_switch_s(cfg, dataset, chosen, False),
+        }
+        tuned["persistent_workers"] = switch["persistent"] < (1 - TOLERANCE) * switch["fresh"]
+        report["epoch_switch_s"] = switch
+    if not quick and torch.cuda.is_available() and project.NUM_GPUS > 0:
+        device = dist.pick_device(project.NUM_GPUS)
+        copy_rate = {
+            pin: measure(
+                _loader(
+                    cfg,
+                    dataset,
+                    num_workers=tuned["num_workers"],
+                    pin_memory=pin,
+                    prefetch_factor=tuned["prefetch_factor"],
+                ),
+                batches,
+                device=device,
+            )["samples_per_s"]
+            for pin in (False, True)
+        }
+        tuned["pin_memory"] = copy_rate[True] > (1 + TOLERANCE) * copy_rate[False]
+        report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
+    if not quick:
+        report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
+        random = project.DATA_FORMAT == "image"
+        report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"], random)]
+    report["chosen"] = tuned
     if cfg.loader.tuned:
-        write_tuned(cfg.loader.tuned, report["fingerprint"], tuned_loader)
+        write_tuned(cfg.loader.tuned, report["fingerprint"], tuned)
     write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
 
 
 def quick_bench(cfg, dataset) -> dict:
     return run_bench(cfg, dataset, quick=True, budget_s=15.0)
-
-
-def table(report: dict) -> str:
-    """The sweep as a Markdown table, the chosen row marked."""
-    rows = [
-        "| num_workers | prefetch_factor | samples/s | ms/batch (median) | ms/batch (p90) | first batch (s) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    c = report["chosen_point"]
-    for p in report["points"]:
-        mark = " **chosen**" if p is c or p == c else ""
-        rows.append(
-            f"| {p['num_workers']}{mark} | {p['prefetch_factor']} | {p['samples_per_s']:.1f} | "
-            f"{p['ms_per_batch']:.2f} | {p['ms_per_batch_p90']:.2f} | {p['first_batch_s']:.3f} |"
-        )
-    return "\n".join(rows)
-
-
-def write_reports(out: Path, report: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    fp = report["fingerprint"]
-    md = [
-        "# Data-loading benchmark",
-        "",
-        f"Loader alone on `{fp['data_root']}` ({fp['data_size']} samples, {fp['source']}/{fp['format']}), "
-        f"batch size {report['batch_size']}, {fp['cpus']} CPUs, local world size {fp['local_world_size']}, "
-        f"torch {fp['torch']}.",
-        "",
-        table(report),
-        "",
-        f"Chosen (cheapest within {TOLERANCE:.0%} of the best): `{report['chosen']}`",
-        "",
-    ]
-    (out / "bench.md").write_text("\n".join(md), encoding="utf-8")
-    plot(out / "bench.png", report)
-
-
-def plot(path: Path, report: dict) -> None:
-    """Throughput against num_workers, one line per prefetch_factor, the chosen point marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    for pf in sorted({p["prefetch_factor"] for p in report["points"]}):
-        pts = [p for p in report["points"] if p["prefetch_factor"] == pf or p["num_workers"] == 0]
-        pts.sort(key=lambda p: p["num_workers"])
-        ax.plot(
-            [p["num_workers"] for p in pts],
-            [p["samples_per_s"] for p in pts],
-            marker="o",
-            label=f"prefetch_factor={pf}",
-        )
-    c = report["chosen_point"]
-    ax.scatter(
-        [c["num_workers"]],
-        [c["samples_per_s"]],
-        s=180,
-        facecolors="none",
-        edgecolors="red",
-        linewidths=2,
-        label="chosen",
-        zorder=3,
-    )
-    ax.set_xlabel("num_workers")
-    ax.set_ylabel("samples/s (loader alone)")
-    ax.set_title("Data-loading throughput")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

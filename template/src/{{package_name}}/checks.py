@@ -1,0 +1,226 @@
+"""Pipeline checks run by `bench`: each classic data-loading bug, measured on the real loader.
+
+Each check returns a :class:`Check` line for the report: OK, WARN or FAIL, the number behind
+it, and for a problem its likely cause and fix in the words a user would search for.
+
+    python -m <package> bench          # runs these after the sweep
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import psutil
+import torch
+from torch.utils.data import IterableDataset, Subset
+
+from .data import build_loader, set_epoch
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # OK | WARN | FAIL
+    value: str  # the number behind the verdict
+    advice: str = ""  # cause and fix, for WARN and FAIL
+
+    def line(self) -> str:
+        text = f"{self.status:4}  {self.name}: {self.value}"
+        return text + (f"\n      {self.advice}" if self.advice else "")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _variant(cfg, **loader):
+    cfg = copy.deepcopy(cfg)
+    cfg.loader.tuned = ""
+    cfg.loader.drop_last = False
+    for key, value in loader.items():
+        setattr(cfg.loader, key, value)
+    return cfg
+
+
+def _fds(proc: psutil.Process) -> int:
+    return sum(p.num_fds() for p in [proc, *proc.children(recursive=True)])
+
+
+def check_open_files(cfg, dataset, batches: int = 40) -> Check:
+    """File descriptors must not grow while batches are read (a handle leak in ``__getitem__``)."""
+    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train", rank=0, world_size=1)
+    proc = psutil.Process()
+    it = iter(loader)
+    next(it)  # the first batch may open what stays open on purpose (a connection per epoch)
+    before = _fds(proc)
+    read = 1 + sum(1 for _ in itertools.islice(it, batches))
+    grown = _fds(proc) - before
+    del it
+    value = f"{grown:+d} open files over {read} batches"
+    if grown > 2:
+        return Check(
+            "open files",
+            FAIL,
+            value,
+            "Too many open files ahead: a file, connection or image is opened in "
+            "__getitem__/__iter__ and never closed. Open it in a `with` block, or read the bytes and close "
+            "(PIL: Image.open(...).load() or `with Image.open(...)`).",
+        )
+    return Check("open files", OK, value)
+
+
+def check_epochs(cfg, dataset, num_workers: int) -> Check:
+    """Epoch 2 must yield as many samples as epoch 1 (an IterableDataset reusing a consumed iterator)."""
+    loader = build_loader(
+        dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train", rank=0, world_size=1
+    )
+    counts = []
+    for epoch in range(2):
+        set_epoch(loader, epoch)
+        counts.append(sum(len(b["key"]) + len(b.get("bad", ())) for b in loader))
+    value = f"epoch 1: {counts[0]} samples, epoch 2: {counts[1]}"
+    if counts[1] < counts[0]:
+        return Check(
+            "second epoch",
+            FAIL,
+            value,
+            "Epoch 2 yields less than epoch 1: the IterableDataset keeps one "
+            "iterator (a generator or cursor made in __init__) that the first epoch used up. Create the "
+            "iterator, cursor or file handle inside __iter__, fresh each time it is called.",
+        )
+    return Check("second epoch", OK, value)
+
+
+def check_duplicates(cfg, dataset, num_workers: int, world_size: int = 2) -> Check:
+    """No key may be read twice in an epoch, over workers and (simulated) ranks."""
+    cfg = _variant(cfg, num_workers=num_workers, persistent_workers=False)
+    keys: list[str] = []
+    for rank in range(world_size):
+        loader = build_loader(dataset, cfg, "train", rank=rank, world_size=world_size)
+        set_epoch(loader, 0)
+        keys += [k for batch in loader for k in batch["key"]]
+    repeats = sum(n - 1 for n in Counter(keys).values() if n > 1)
+    padding = 0 if isinstance(dataset, IterableDataset) else world_size - 1  # DistributedSampler pads
+    value = f"{repeats} repeated keys in {len(keys)} samples ({world_size} ranks x {max(1, num_workers)} workers)"
+    if repeats > padding:
+        return Check(
+            "duplicates across workers/ranks",
+            FAIL,
+            value,
+            "Every worker (or rank) reads the same data: "
+            "shard an IterableDataset by rank and then by worker (torch.utils.data.get_worker_info(), "
+            "RANK/WORLD_SIZE), or use DistributedSampler for a map-style dataset.",
+        )
+    return Check("duplicates across workers/ranks", OK, value)
+
+
+def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Check:
+    """Worker RSS must not keep growing through an epoch (copy-on-read, or a cache without a bound)."""
+    if num_workers == 0:
+        return Check("worker memory growth", OK, "n/a (num_workers=0)")
+    loader = build_loader(
+        dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train", rank=0, world_size=1
+    )
+    proc, samples = psutil.Process(), []
+    for epoch in range(100):
+        set_epoch(loader, epoch)
+        for batch in loader:
+            del batch
+            rss = [c.memory_info().rss for c in proc.children(recursive=True)]
+            samples.append(max(rss, default=0))
+            if len(samples) >= batches:
+                break
+        if len(samples) >= batches:
+            break
+    start = samples[min(len(samples) - 1, max(2, len(samples) // 4))]
+    grown_mb = (samples[-1] - start) / 2**20
+    value = f"{grown_mb:+.1f} MB per worker over {len(samples)} batches (peak {max(samples) / 2**20:.0f} MB)"
+    advice = (
+        "Worker memory keeps growing: a Python list/dict of file names read in every worker (copy-on-read: "
+        "keep the index in NumPy arrays) or a cache without a bound in the Dataset (bound it, or drop it)."
+    )
+    if grown_mb > 64:
+        return Check("worker memory growth", FAIL, value, advice)
+    if grown_mb > 16:
+        return Check("worker memory growth", WARN, value, advice)
+    return Check("worker memory growth", OK, value)
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+def check_augmentation(cfg, dataset, num_workers: int, random_transform: bool) -> Check:
+    """Augmentations must differ between epochs and between workers (seeding)."""
+    if not random_transform:
+        return Check("augmentation randomness", OK, "n/a (this format has no random augmentation)")
+    if isinstance(dataset, IterableDataset):  # the same key in two epochs must come out different
+        loader = build_loader(dataset, _variant(cfg, num_workers=num_workers), "train", rank=0, world_size=1)
+        seen = []
+        for epoch in range(2):
+            set_epoch(loader, epoch)
+            seen.append({k: _digest(x) for b in itertools.islice(loader, 4) for k, x in zip(b["key"], b["input"])})
+        common = seen[0].keys() & seen[1].keys()
+        same, total = sum(seen[0][k] == seen[1][k] for k in common), len(common)
+    else:  # one sample, many times, through several workers and two epochs: every copy must differ
+        repeated = Subset(dataset, [0] * 32)
+        repeated.collate_fn = getattr(dataset, "collate_fn", None)
+        loader = build_loader(
+            repeated, _variant(cfg, num_workers=max(2, num_workers), batch_size=4), "train", rank=0, world_size=1
+        )
+        digests = []
+        for epoch in range(2):
+            set_epoch(loader, epoch)
+            digests += [_digest(x) for b in loader for x in b["input"]]
+        total, same = len(digests), len(digests) - len(set(digests))
+    value = f"{same} identical of {total} augmented copies"
+    if total and same > total // 8:
+        return Check(
+            "augmentation randomness",
+            FAIL,
+            value,
+            "Augmentations repeat across workers or epochs: a "
+            "fixed seed inside __getitem__, or NumPy/random seeded the same in every worker. Seed per "
+            "worker from torch.initial_seed() in worker_init_fn, never with a constant.",
+        )
+    return Check("augmentation randomness", OK, value)
+
+
+def check_collate(cfg, dataset) -> Check:
+    """The collate function must batch real samples (variable-length samples need padding)."""
+    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train", rank=0, world_size=1)
+    try:
+        batch = next(iter(loader))
+    except RuntimeError as e:
+        return Check(
+            "collate",
+            FAIL,
+            f"{type(e).__name__}: {str(e)[:120]}",
+            "The samples cannot be stacked into "
+            "one tensor (variable lengths?): pass a collate_fn that pads to the longest sample and returns "
+            "a mask.",
+        )
+    return Check("collate", OK, f"batch input {tuple(batch['input'].shape)} {batch['input'].dtype}")
+
+
+def run_checks(cfg, dataset, num_workers: int, random_transform: bool) -> list[Check]:
+    """All checks on ``dataset`` with the chosen ``num_workers``; a few seconds on the sample data."""
+    start = time.perf_counter()
+    checks = [check_collate(cfg, dataset)]
+    if checks[0].status == FAIL:  # nothing else can batch either
+        return checks
+    checks += [
+        check_open_files(cfg, dataset),
+        check_epochs(cfg, dataset, num_workers),
+        check_duplicates(cfg, dataset, num_workers),
+        check_worker_memory(cfg, dataset, num_workers),
+        check_augmentation(cfg, dataset, num_workers, random_transform),
+    ]
+    checks.append(Check("checks took", OK, f"{time.perf_counter() - start:.1f} s"))
+    return checks

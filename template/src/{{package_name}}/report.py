@@ -1,0 +1,111 @@
+"""The benchmark's report: terminal/Markdown table, bench.md, bench.json and bench.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def table(report: dict) -> str:
+    """The sweep as a Markdown table, the chosen row marked."""
+    rows = [
+        "| num_workers | prefetch_factor | samples/s | ms/batch (median) | ms/batch (p90) | first batch (s) "
+        "| RSS main (MB) | RSS worker (MB) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    c = report["chosen_point"]
+    for p in report["points"]:
+        mark = " **chosen**" if p == c else ""
+        rows.append(
+            f"| {p['num_workers']}{mark} | {p['prefetch_factor']} | {p['samples_per_s']:.1f} | "
+            f"{p['ms_per_batch']:.2f} | {p['ms_per_batch_p90']:.2f} | {p['first_batch_s']:.3f} | "
+            f"{p['rss_main_mb']:.0f} | {p['rss_worker_mb']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def summary(report: dict) -> str:
+    """What was chosen and why, the stall verdict and the checks, as plain lines."""
+    lines = [f"chosen: {report['chosen']}"]
+    if "epoch_switch_s" in report:
+        s = report["epoch_switch_s"]
+        lines.append(f"epoch switch: {s['persistent']:.3f} s with persistent workers, {s['fresh']:.3f} s without")
+    if "pin_memory_samples_per_s" in report:
+        lines.append(f"host-to-device samples/s by pin_memory: {report['pin_memory_samples_per_s']}")
+    if "stall" in report:
+        st = report["stall"]
+        lines.append(
+            f"model step on {st['device']}: {st['model_ms_per_step']:.1f} ms "
+            f"({st['model_samples_per_s']:.0f} samples/s) -> {st['verdict']}"
+        )
+    for check in report.get("checks", []):
+        line = f"{check['status']:4}  {check['name']}: {check['value']}"
+        lines.append(line + (f"\n      {check['advice']}" if check["advice"] else ""))
+    return "\n".join(lines)
+
+
+def write_reports(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    fp = report["fingerprint"]
+    md = [
+        "# Data-loading benchmark",
+        "",
+        f"Loader alone on `{fp['data_root']}` ({fp['data_size']} samples, {fp['source']}/{fp['format']}), "
+        f"batch size {report['batch_size']}, {fp['cpus']} CPUs, local world size {fp['local_world_size']}, "
+        f"torch {fp['torch']}. Chosen: the cheapest setting with workers within 5% of the best; "
+        "0 workers is the baseline (loading in the training process cannot overlap the step).",
+        "",
+        table(report),
+        "",
+        "```",
+        summary(report),
+        "```",
+        "",
+    ]
+    (out / "bench.md").write_text("\n".join(md), encoding="utf-8")
+    plot(out / "bench.png", report)
+
+
+def plot(path: Path, report: dict) -> None:
+    """Throughput against num_workers, one line per prefetch_factor, the chosen point marked,
+    and the model's consumption rate as a horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for pf in sorted({p["prefetch_factor"] for p in report["points"] if p["num_workers"] > 0} or {2}):
+        pts = sorted(
+            (p for p in report["points"] if p["prefetch_factor"] == pf or p["num_workers"] == 0),
+            key=lambda p: p["num_workers"],
+        )
+        ax.plot(
+            [p["num_workers"] for p in pts],
+            [p["samples_per_s"] for p in pts],
+            marker="o",
+            label=f"prefetch_factor={pf}",
+        )
+    c = report["chosen_point"]
+    ax.scatter(
+        [c["num_workers"]],
+        [c["samples_per_s"]],
+        s=180,
+        facecolors="none",
+        edgecolors="red",
+        linewidths=2,
+        label="chosen",
+        zorder=3,
+    )
+    if "stall" in report:
+        rate = report["stall"]["model_samples_per_s"]
+        ax.axhline(rate, color="gray", linestyle="--", label=f"model consumes ({report['stall']['device']})")
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s (loader alone)")
+    ax.set_title("Data-loading throughput")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
