@@ -26,6 +26,11 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:  # the rename itself survives a power loss once the directory is on disk
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

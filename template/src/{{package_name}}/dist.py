@@ -142,3 +142,34 @@ def all_reduce_min_max(value: int, device: torch.device) -> tuple[int, int]:
     t = torch.tensor([value, -value], dtype=torch.int64, device=device)
     torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
     return -int(t[1]), int(t[0])
+
+
+def agree_min(value: int | None, device: torch.device) -> int | None:
+    """The smallest ``value`` over all ranks; ``None`` if any rank has ``None`` (it cannot tell)."""
+    lo, _ = all_reduce_min_max(-1 if value is None else value, device)
+    return None if lo < 0 else lo
+
+
+def broadcast_from_main(obj):
+    """Rank 0's ``obj`` on every rank (``obj`` itself in a single process)."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def check_in_sync(model: torch.nn.Module, device: torch.device) -> None:
+    """Raise if the DDP replicas' parameters differ (they must stay identical step after step)."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return
+    with torch.no_grad():
+        total = sum(p.double().sum() for p in model.parameters()).to(device)
+    t = torch.stack([total, -total])
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    spread = float(t[0] + t[1])
+    if spread > 1e-6 * max(1.0, abs(float(t[0]))):
+        raise RuntimeError(
+            f"DDP model replicas diverged (parameter sums differ by {spread:.3g} across ranks): "
+            "ranks took different steps or learning rates"
+        )

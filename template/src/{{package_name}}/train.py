@@ -73,12 +73,12 @@ def ensure_tuned(cfg, dataset) -> None:
     from .bench import quick_bench  # bench imports the data stack; keep `train` importable alone
     from .data.tuned import read_tuned
 
-    if not cfg.loader.tuned or read_tuned(cfg, dataset) is not None:
+    if not cfg.loader.tuned:
         return
-    if dist.is_main_process():
+    if dist.is_main_process() and read_tuned(cfg, dataset) is None:
         log.info("no tuned loader settings for this data and machine: running `bench --quick`")
         quick_bench(cfg, dataset)
-    dist.barrier()
+    dist.barrier()  # every rank, whatever it would have decided: a rank skipping it would hang the rest
 
 
 def train(cfg) -> list[dict]:
@@ -100,7 +100,9 @@ def train(cfg) -> list[dict]:
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if distributed else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     stream = isinstance(train_ds, torch.utils.data.IterableDataset)
-    steps_per_epoch = estimated_batches(train_loader)  # None: a stream of unknown length
+    # The fewest over all ranks (None: a stream of unknown length), so that every rank follows the
+    # same learning-rate schedule and stops a capped epoch at the same step.
+    steps_per_epoch = dist.agree_min(estimated_batches(train_loader), device)
     if cfg.train.max_batches:
         steps_per_epoch = min(steps_per_epoch or cfg.train.max_batches, cfg.train.max_batches)
     # Cosine decay over the whole run; for a stream of unknown length the horizon is set from
@@ -114,21 +116,29 @@ def train(cfg) -> list[dict]:
 
     first_epoch, batch_in_epoch, step = 0, 0, 0
     consumed: dict[int, int] = {}  # stream rows this rank's workers yielded this epoch, by worker
-    ckpt = resume_path(cfg.train.resume, run_dir)
+    ckpt = dist.broadcast_from_main(resume_path(cfg.train.resume, run_dir) if main else None)
     if ckpt is not None:
+        if not ckpt.is_file():
+            raise FileNotFoundError(
+                f"rank {rank} cannot read {ckpt}, which rank 0 resumes from: put train.run_dir "
+                "on a filesystem every node shares, or pass train.resume=never"
+            )
         state = load_checkpoint(ckpt)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         horizon["steps"] = horizon["steps"] or state.get("horizon")
         first_epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
-        if stream and batch_in_epoch:
-            _resume_stream(train_loader, state, first_epoch, rank)
-            consumed = dict(state["stream_rows"][rank]) if train_loader.dataset.resume else {}
-            batch_in_epoch = batch_in_epoch if train_loader.dataset.resume else 0
+        if batch_in_epoch and not _same_layout(state, train_loader, cfg, first_epoch):
+            batch_in_epoch = 0  # the epoch restarts; the step count goes on
+        elif stream and batch_in_epoch:
+            train_loader.dataset.resume = (first_epoch, dict(state["stream_rows"][rank]))
+            consumed = dict(state["stream_rows"][rank])
         if main:
             set_rng_state(state["rng"])
             log.info("resumed from %s at epoch %d, step %d", ckpt, first_epoch, step)
+    elif main:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run: not appended to an old one's
 
     def checkpoint(epoch: int, batch_in_epoch: int) -> None:
         rows = dist.all_gather_object(consumed) if stream else None  # every rank takes part
@@ -142,7 +152,7 @@ def train(cfg) -> list[dict]:
                 "step": step,
                 "horizon": horizon["steps"],
                 "stream_rows": rows,
-                "loader": {"num_workers": train_loader.num_workers, "world_size": dist.get_world_size()},
+                "layout": _layout(train_loader, cfg),
                 "config": cfg.to_dict(),
                 "rng": rng_state(),
             }
@@ -159,7 +169,7 @@ def train(cfg) -> list[dict]:
         loss_sum, samples, batches = 0.0, 0, 0
         batches_iter, planned = train_loader, steps_per_epoch
         if stream:  # every rank stops at the same step; shards with an index know it in advance
-            planned = estimated_batches(train_loader)
+            planned = dist.agree_min(estimated_batches(train_loader), device)
             exact = planned - batch_in_epoch if planned is not None and hasattr(train_ds, "exact_batches") else None
             batches_iter = itertools.islice(dist.stop_together(train_loader, device), exact)
             if planned and cfg.train.max_batches:
@@ -191,7 +201,9 @@ def train(cfg) -> list[dict]:
         train_seconds = time.perf_counter() - start
         loss_sum, samples = dist.all_reduce_sum([loss_sum, samples], device)
         val_loss, val_acc, val_samples = evaluate(model, val_loader, device, amp, budget)
+        dist.check_in_sync(model, device)
         lo, hi = dist.all_reduce_min_max(batches, device)
+        (bad_samples,) = dist.all_reduce_sum([budget.count], device)
         batch_in_epoch, consumed = 0, {}
         checkpoint(epoch + 1, 0)
         metrics = {
@@ -202,7 +214,7 @@ def train(cfg) -> list[dict]:
             "val_acc": val_acc,
             "train_samples": int(samples),
             "val_samples": val_samples,
-            "bad_samples": budget.count,
+            "bad_samples": int(bad_samples),  # summed over ranks (each counts its own, per process)
             "seconds": round(time.perf_counter() - start, 3),
             "samples_per_s": round(samples / train_seconds, 1),
             "world_size": dist.get_world_size(),
@@ -224,16 +236,29 @@ def train(cfg) -> list[dict]:
     return history
 
 
-def _resume_stream(loader, state: dict, epoch: int, rank: int) -> None:
-    """Make each worker of a stream skip the rows the checkpointed run had consumed this epoch.
+def _layout(loader, cfg) -> dict:
+    """What a mid-epoch position depends on: a resumed run continues it only if all match."""
+    return {
+        "world_size": dist.get_world_size(),
+        "batch_size": cfg.loader.batch_size,
+        "num_workers": loader.num_workers,
+        "drop_last": cfg.loader.drop_last,
+    }
 
-    The skip happens before decoding, and replays the same shuffle (seeded by seed, epoch,
-    rank and worker), so the resumed epoch continues where the saved one stopped. It needs the
-    same ``num_workers`` and world size; otherwise the epoch restarts from its beginning.
+
+def _same_layout(state: dict, loader, cfg, epoch: int) -> bool:
+    """Whether the checkpoint's mid-epoch position means the same here; warns when it does not.
+
+    A map-style run skips ``batch_in_epoch`` batches of the epoch's permutation; a stream's
+    workers skip the rows they had consumed, replaying the same shuffle (seeded by seed, epoch,
+    rank and worker). Both need the same world size and batch size, and a stream the same
+    ``num_workers``; otherwise the epoch restarts from its beginning rather than repeat or
+    skip samples.
     """
-    same = state.get("loader") == {"num_workers": loader.num_workers, "world_size": dist.get_world_size()}
-    if state.get("stream_rows") and same:
-        loader.dataset.resume = (epoch, dict(state["stream_rows"][rank]))
-    else:
-        loader.dataset.resume = None
-        log.warning("num_workers or world size changed since the checkpoint: epoch %d restarts from its start", epoch)
+    saved, now = state.get("layout", {}), _layout(loader, cfg)
+    keys = ("world_size", "batch_size", "drop_last") + (("num_workers",) if state.get("stream_rows") else ())
+    changed = {k: (saved.get(k), now[k]) for k in keys if saved.get(k) != now[k]}
+    if changed:
+        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+        log.warning("%s since the checkpoint: epoch %d restarts from its beginning", what, epoch)
+    return not changed
