@@ -12,10 +12,11 @@
    process cannot overlap the step). persistent_workers and, with CUDA, pin_memory are then
    chosen by measuring the epoch switch and the host-to-device copy. The choice goes to
    ``configs/tuned.yaml`` with the fingerprint of this data and machine.
-3. The stall: the default model's step on a real batch, on the training device, against the
-   loader's time per batch, i.e. how much of a step would be spent waiting for data.
+3. The stall: the model's training step (build_model, task.py's loss) on a real batch, on the
+   training device, against the loader's time per batch: how much of a step would wait for data.
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
-   memory growth, repeated augmentations, a collate that cannot batch.
+   memory growth, repeated augmentations (whatever task.py's train transform does), a
+   collate that cannot batch.
 
 Reports: ``<run_dir>/bench/bench.{json,md,png}``.
 """
@@ -79,7 +80,7 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
                 first_batch_s = now - start
             times.append(now - last)
             if len(times) > warmup:
-                samples += len(batch["target"])
+                samples += len(batch["key"])
             if len(times) % 8 == 0:
                 peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
             last, got = time.perf_counter(), got + 1
@@ -130,7 +131,7 @@ def _loader(cfg, dataset, **settings):
     variant.loader.tuned = ""
     for key, value in settings.items():
         setattr(variant.loader, key, value)
-    return build_loader(dataset, variant, "train", rank=0, world_size=1)
+    return build_loader(dataset, variant, "train")
 
 
 def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> list[dict]:
@@ -194,28 +195,26 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
 
 
 def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
-    """The default model's step on a real batch, on the training device, against the loader."""
+    """The model's training step on a real batch, on the training device, against the loader."""
     from .model import build_model
-    from .train import forward_loss
+    from .train import train_step
 
     device = dist.pick_device(project.NUM_GPUS)
-    batch = next(iter(_loader(cfg, dataset, num_workers=0)))
-    model = build_model(project.DATA_FORMAT, len(dataset.classes), dataset.fmt.sample_shape()).to(device)
+    batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
+    model = build_model(cfg, dataset.num_classes, dataset.task.sample_shape).to(device)
+    model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    amp = device.type == "cuda"
+    amp = device.type == "cuda" and cfg.train.amp in (True, "auto")
     times = []
     for i in range(12):  # 3 warm-up steps, 9 timed
         start = time.perf_counter()
-        loss, _, _ = forward_loss(model, batch, device, amp)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(model, dataset.task, optimizer, batch, device, amp)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= 3:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    model_rate = len(batch["target"]) / step_s
+    model_rate = len(batch["key"]) / step_s
     ratio = loader_samples_per_s / model_rate
     if ratio < 1:
         verdict = (
@@ -282,8 +281,7 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
         report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
     if not quick:
         report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
-        random = project.DATA_FORMAT == "image"
-        report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"], random)]
+        report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
     if cfg.loader.tuned:
         write_tuned(cfg.loader.tuned, report["fingerprint"], tuned)

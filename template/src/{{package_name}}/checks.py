@@ -11,15 +11,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import psutil
 import torch
 from torch.utils.data import IterableDataset, Subset
 
 from .data import build_loader, set_epoch
+from .data.loader import SkipBadCollate
+from .data.source import Source
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -54,7 +59,7 @@ def _fds(proc: psutil.Process) -> int:
 
 def check_open_files(cfg, dataset, batches: int = 40) -> Check:
     """File descriptors must not grow while batches are read (a handle leak in ``__getitem__``)."""
-    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train", rank=0, world_size=1)
+    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train")
     proc = psutil.Process()
     it = iter(loader)
     next(it)  # the first batch may open what stays open on purpose (a connection per epoch)
@@ -77,9 +82,7 @@ def check_open_files(cfg, dataset, batches: int = 40) -> Check:
 
 def check_epochs(cfg, dataset, num_workers: int) -> Check:
     """Epoch 2 must yield as many samples as epoch 1 (an IterableDataset reusing a consumed iterator)."""
-    loader = build_loader(
-        dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train", rank=0, world_size=1
-    )
+    loader = build_loader(dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train")
     counts = []
     for epoch in range(2):
         set_epoch(loader, epoch)
@@ -97,16 +100,24 @@ def check_epochs(cfg, dataset, num_workers: int) -> Check:
     return Check("second epoch", OK, value)
 
 
-def check_duplicates(cfg, dataset, num_workers: int, world_size: int = 2) -> Check:
-    """No key may be read twice in an epoch, over workers and (simulated) ranks."""
+def check_duplicates(cfg, open_rank: Callable, num_workers: int, world_size: int = 2) -> Check:
+    """No key may be read twice in an epoch, over workers and (simulated) ranks.
+
+    Args:
+        open_rank: ``open_rank(rank, world_size)`` -> that rank's dataset (an iterable source
+            reads only its rank's share; a map-style one is split by the loader's sampler).
+    """
     cfg = _variant(cfg, num_workers=num_workers, persistent_workers=False)
     keys: list[str] = []
+    iterable = False
     for rank in range(world_size):
+        dataset = open_rank(rank, world_size)
+        iterable = isinstance(dataset, IterableDataset)
         loader = build_loader(dataset, cfg, "train", rank=rank, world_size=world_size)
         set_epoch(loader, 0)
         keys += [k for batch in loader for k in batch["key"]]
     repeats = sum(n - 1 for n in Counter(keys).values() if n > 1)
-    padding = 0 if isinstance(dataset, IterableDataset) else world_size - 1  # DistributedSampler pads
+    padding = 0 if iterable else world_size - 1  # DistributedSampler pads
     value = f"{repeats} repeated keys in {len(keys)} samples ({world_size} ranks x {max(1, num_workers)} workers)"
     if repeats > padding:
         return Check(
@@ -114,7 +125,7 @@ def check_duplicates(cfg, dataset, num_workers: int, world_size: int = 2) -> Che
             FAIL,
             value,
             "Every worker (or rank) reads the same data: "
-            "shard an IterableDataset by rank and then by worker (torch.utils.data.get_worker_info(), "
+            "split an IterableDataset by rank and then by worker (torch.utils.data.get_worker_info(), "
             "RANK/WORLD_SIZE), or use DistributedSampler for a map-style dataset.",
         )
     return Check("duplicates across workers/ranks", OK, value)
@@ -124,9 +135,7 @@ def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Ch
     """Worker RSS must not keep growing through an epoch (copy-on-read, or a cache without a bound)."""
     if num_workers == 0:
         return Check("worker memory growth", OK, "n/a (num_workers=0)")
-    loader = build_loader(
-        dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train", rank=0, world_size=1
-    )
+    loader = build_loader(dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train")
     proc, samples = psutil.Process(), []
     for epoch in range(100):
         set_epoch(loader, epoch)
@@ -156,12 +165,35 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha1(t.contiguous().numpy().tobytes()).hexdigest()
 
 
-def check_augmentation(cfg, dataset, num_workers: int, random_transform: bool) -> Check:
+def _rng_states() -> tuple:
+    return torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+
+
+def draws_random_numbers(dataset, tries: int = 8) -> bool:
+    """Whether producing a sample draws from torch's, NumPy's or Python's random generator.
+
+    This is how the check knows that the train transform is meant to be random, whatever
+    task.py defines: a transform that draws nothing is deterministic and has nothing to vary.
+    """
+    items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
+    for _ in range(tries):
+        before = _rng_states()
+        item = next(items, None)
+        if item is None:
+            return False
+        if "bad" not in item:
+            after = _rng_states()
+            same = torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
+            return not same
+    return False
+
+
+def check_augmentation(cfg, dataset, num_workers: int) -> Check:
     """Augmentations must differ between epochs and between workers (seeding)."""
-    if not random_transform:
-        return Check("augmentation randomness", OK, "n/a (this format has no random augmentation)")
+    if not draws_random_numbers(dataset):
+        return Check("augmentation randomness", OK, "n/a (the train transform draws no random numbers)")
     if isinstance(dataset, IterableDataset):  # the same key in two epochs must come out different
-        loader = build_loader(dataset, _variant(cfg, num_workers=num_workers), "train", rank=0, world_size=1)
+        loader = build_loader(dataset, _variant(cfg, num_workers=num_workers), "train")
         seen = []
         for epoch in range(2):
             set_epoch(loader, epoch)
@@ -169,11 +201,11 @@ def check_augmentation(cfg, dataset, num_workers: int, random_transform: bool) -
         common = seen[0].keys() & seen[1].keys()
         same, total = sum(seen[0][k] == seen[1][k] for k in common), len(common)
     else:  # one sample, many times, through several workers and two epochs: every copy must differ
-        repeated = Subset(dataset, [0] * 32)
-        repeated.collate_fn = getattr(dataset, "collate_fn", None)
-        loader = build_loader(
-            repeated, _variant(cfg, num_workers=max(2, num_workers), batch_size=4), "train", rank=0, world_size=1
-        )
+        first_good = next(i for i in range(len(dataset)) if "bad" not in dataset[i])
+        repeated = Subset(dataset, [first_good] * 32)
+        variant = _variant(cfg, num_workers=max(2, num_workers), batch_size=4)
+        collate = SkipBadCollate(dataset.task.collate) if isinstance(dataset, Source) else None
+        loader = build_loader(repeated, variant, "train", rank=0, world_size=1, collate_fn=collate)
         digests = []
         for epoch in range(2):
             set_epoch(loader, epoch)
@@ -194,9 +226,9 @@ def check_augmentation(cfg, dataset, num_workers: int, random_transform: bool) -
 
 def check_collate(cfg, dataset) -> Check:
     """The collate function must batch real samples (variable-length samples need padding)."""
-    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train", rank=0, world_size=1)
+    loader = build_loader(dataset, _variant(cfg, num_workers=0), "train")
     try:
-        batch = next(iter(loader))
+        batch = next(b for b in loader if len(b["key"]))
     except RuntimeError as e:
         return Check(
             "collate",
@@ -209,18 +241,24 @@ def check_collate(cfg, dataset) -> Check:
     return Check("collate", OK, f"batch input {tuple(batch['input'].shape)} {batch['input'].dtype}")
 
 
-def run_checks(cfg, dataset, num_workers: int, random_transform: bool) -> list[Check]:
+def run_checks(cfg, dataset, num_workers: int) -> list[Check]:
     """All checks on ``dataset`` with the chosen ``num_workers``; a few seconds on the sample data."""
     start = time.perf_counter()
     checks = [check_collate(cfg, dataset)]
     if checks[0].status == FAIL:  # nothing else can batch either
         return checks
+
+    def open_rank(rank: int, world_size: int):
+        if isinstance(dataset, Source):
+            return type(dataset).open(cfg, dataset.split, rank=rank, world_size=world_size)
+        return dataset
+
     checks += [
         check_open_files(cfg, dataset),
         check_epochs(cfg, dataset, num_workers),
-        check_duplicates(cfg, dataset, num_workers),
+        check_duplicates(cfg, open_rank, num_workers),
         check_worker_memory(cfg, dataset, num_workers),
-        check_augmentation(cfg, dataset, num_workers, random_transform),
+        check_augmentation(cfg, dataset, num_workers),
     ]
     checks.append(Check("checks took", OK, f"{time.perf_counter() - start:.1f} s"))
     return checks

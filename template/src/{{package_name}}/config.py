@@ -1,121 +1,135 @@
-"""Configuration: one dataclass per concern, read from YAML and ``section.key=value`` overrides.
+"""Configuration: one dataclass per section, read from YAML and ``section.key=value`` overrides.
 
     python -m <package> train --config configs/default.yaml train.epochs=5 loader.num_workers=4
 
-Types are checked and unknown keys refused before any work starts, with the key named.
-Relative paths are relative to the directory the command runs in (the project root).
+The dataclasses are the only place defaults live: ``configs/default.yaml`` repeats them with a
+comment each, and a test checks that both, and the README's table, agree. The ``data`` section
+joins the keys of this project's source (``SourceConfig`` in ``data/``) and of its sample
+format (``TaskConfig`` in ``task.py``) with the common ones below.
+
+OmegaConf merges the layers (dataclass defaults, then the YAML file, then the overrides) and
+checks types; each section's ``__post_init__`` checks ranges. Unknown keys, wrong types and
+bad values stop the command before any work, naming the key. Relative paths are relative to
+the directory the command runs in (the project root).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Union
 
-import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from . import project
+from .data import SourceConfig
+from .errors import ConfigError, require
+from .task import TaskConfig
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
-
-
-class ConfigError(ValueError):
-    """A config file or override names an unknown key or holds a bad value."""
-
-
-def _field(default: Any, check=None, expect: str = ""):
-    return field(default=default, metadata={"check": check, "expect": expect})
-
-
-def _positive(v) -> bool:
-    return v > 0
-
-
-def _non_negative(v) -> bool:
-    return v >= 0
-
-
-def _auto_or(check):
-    return lambda v: v == "auto" or check(v)
-
-
-DEFAULT_ROOT = {
-    "folder": "data/sample",
-    "stream": "http://127.0.0.1:8765/samples" if project.STREAM_BACKEND == "http" else "data/sample.sqlite",
-    "shards": "data/shards",
-}
+AUTO = "auto"
 
 
 @dataclass
-class DataConfig:
-    # Where the data is: the folder with train/ and val/, the SQLite file, the HTTP URL, or the shards folder.
-    root: str = DEFAULT_ROOT[project.DATA_SOURCE]
-    # Images: side of the square crop fed to the model.
-    image_size: int = _field(64, lambda v: v >= 8, ">= 8")
-    # Sequences: longer texts are truncated to this many byte tokens.
-    max_len: int = _field(256, _positive, ">= 1")
+class DataConfig(TaskConfig, SourceConfig):
+    """``data.*``: where samples come from (``SourceConfig``), what one is (``TaskConfig``), and these."""
+
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
-    bad_sample_budget: int = _field(10, _non_negative, ">= 0")
-    # Classes; 0 = infer (folder: class folders; sqlite: largest label + 1; shards: _index.json).
-    num_classes: int = _field(4 if project.STREAM_BACKEND == "http" else 0, _non_negative, ">= 0")
-    # Streams: end each training epoch after this many samples over all ranks (0 = when exhausted).
-    samples_per_epoch: int = _field(0, _non_negative, ">= 0")
-    # Streams and shards: samples in each worker's approximate shuffle buffer (1 = no shuffling).
-    shuffle_buffer: int = _field(1000, _positive, ">= 1")
-    # HTTP streams: rows per request, retries of a transient failure, seconds per request.
-    http_page_size: int = _field(256, _positive, ">= 1")
-    http_retries: int = _field(5, _non_negative, ">= 0")
-    http_timeout_s: float = _field(30.0, _positive, "> 0")
+    bad_sample_budget: int = 10
+
+    def __post_init__(self) -> None:
+        SourceConfig.__post_init__(self)
+        TaskConfig.__post_init__(self)
+        require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
+
+
+def _auto_or(key: str, value, minimum: int) -> None:
+    ok = value == AUTO if isinstance(value, str) else value >= minimum
+    require(key, value, ok, f"'{AUTO}' or an int >= {minimum}")
+
+
+def _auto_or_bool(key: str, value) -> None:
+    require(key, value, isinstance(value, bool) or value == AUTO, f"'{AUTO}', true or false")
 
 
 @dataclass
 class LoaderConfig:
-    # Samples per batch per process (the global batch is this x world size).
-    batch_size: int = _field(project.BATCH_SIZE, _positive, ">= 1")
-    # Worker processes; auto = the tuned value, else usable CPUs / local world size.
-    num_workers: int | Literal["auto"] = _field("auto", _auto_or(_non_negative), "'auto' or an int >= 0")
-    # Batches each worker loads ahead; auto = tuned value, else 2 (ignored without workers).
-    prefetch_factor: int | Literal["auto"] = _field("auto", _auto_or(_positive), "'auto' or an int >= 1")
-    # Keep workers alive between epochs; auto = tuned value, else on (ignored without workers).
-    persistent_workers: bool | Literal["auto"] = "auto"
-    # Page-locked host memory for faster host-to-GPU copies; auto = on when CUDA is used.
-    pin_memory: bool | Literal["auto"] = "auto"
+    """``loader.*``: the DataLoader arguments; ``auto`` takes what `bench` measured."""
+
+    # Samples per batch per process (the global batch is this x world size); at least 2.
+    batch_size: int = project.BATCH_SIZE
+    # Worker processes; auto = the tuned value, else usable CPUs / processes per node.
+    num_workers: Union[int, str] = AUTO  # noqa: UP007 (OmegaConf reads typing.Union, not int | str)
+    # Batches each worker loads ahead; auto = the tuned value, else 2 (ignored without workers).
+    prefetch_factor: Union[int, str] = AUTO  # noqa: UP007
+    # Keep workers alive between epochs; auto = the tuned value, else true (ignored without workers).
+    persistent_workers: Union[bool, str] = AUTO  # noqa: UP007
+    # Page-locked host memory for faster host-to-GPU copies; auto = the tuned value, else on with CUDA.
+    pin_memory: Union[bool, str] = AUTO  # noqa: UP007
     # Drop the last incomplete training batch (evaluation never drops samples).
     drop_last: bool = True
-    # Settings written by `bench`; used for the `auto` values when made for this data/machine.
+    # Settings written by `bench`; used for the auto values while made for this data and machine.
     tuned: str = "configs/tuned.yaml"
+
+    def __post_init__(self) -> None:
+        # A training batch of one sample breaks BatchNorm (and most models' statistics).
+        require("loader.batch_size", self.batch_size, self.batch_size >= 2, ">= 2")
+        _auto_or("loader.num_workers", self.num_workers, 0)
+        _auto_or("loader.prefetch_factor", self.prefetch_factor, 1)
+        _auto_or_bool("loader.persistent_workers", self.persistent_workers)
+        _auto_or_bool("loader.pin_memory", self.pin_memory)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = _field(3, _positive, ">= 1")
+    """``train.*``: the optimisation, checkpoints and where the run's files go."""
+
+    # Passes over the training data.
+    epochs: int = 3
     # Peak learning rate of AdamW; a cosine schedule decays it to zero.
-    lr: float = _field(3e-3, _positive, "> 0")
-    weight_decay: float = _field(0.05, _non_negative, ">= 0")
-    # Seeds model init, sampling order and augmentation; the same seed repeats a run.
+    lr: float = 3e-3
+    # AdamW weight decay.
+    weight_decay: float = 0.05
+    # Seeds model init, sampling order and augmentation: the same seed repeats a run.
     seed: int = 0
     # Metrics, checkpoint and bench reports go here.
     run_dir: str = "runs/default"
     # Optimizer steps between checkpoints (0 = only at the end of each epoch).
-    checkpoint_every: int = _field(200, _non_negative, ">= 0")
+    checkpoint_every: int = 200
     # auto = continue from <run_dir>/checkpoint.pt when it exists; never; or a checkpoint path.
-    resume: str = "auto"
+    resume: str = AUTO
+    # Steps between progress updates (the host reads the loss from the device only then).
+    log_every: int = 50
     # Stop each epoch after this many batches (0 = the whole epoch); for smoke runs.
-    max_batches: int = _field(0, _non_negative, ">= 0")
+    max_batches: int = 0
     # bf16 autocast on CUDA; auto = on when training on a GPU.
-    amp: bool | Literal["auto"] = "auto"
+    amp: Union[bool, str] = AUTO  # noqa: UP007
+
+    def __post_init__(self) -> None:
+        require("train.epochs", self.epochs, self.epochs >= 1, ">= 1")
+        require("train.lr", self.lr, 0 < self.lr < float("inf"), "a finite number > 0")
+        require("train.weight_decay", self.weight_decay, self.weight_decay >= 0, ">= 0")
+        require("train.checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 0, ">= 0")
+        require("train.log_every", self.log_every, self.log_every >= 1, ">= 1")
+        require("train.max_batches", self.max_batches, self.max_batches >= 0, ">= 0")
+        _auto_or_bool("train.amp", self.amp)
 
 
 @dataclass
 class DistConfig:
+    """``dist.*``: the process group that ``launch`` (torchrun) starts."""
+
     # auto = nccl with CUDA, gloo on the CPU.
-    backend: str = _field("auto", lambda v: v in ("auto", "nccl", "gloo"), "auto, nccl or gloo")
+    backend: str = AUTO
     # Seconds a collective may wait before the run fails instead of hanging.
-    timeout_s: int = _field(1800, _positive, ">= 1")
+    timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        require("dist.backend", self.backend, self.backend in (AUTO, "nccl", "gloo"), "auto, nccl or gloo")
+        require("dist.timeout_s", self.timeout_s, self.timeout_s >= 1, ">= 1")
 
 
 @dataclass
@@ -129,101 +143,64 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
-    if origin is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(hint))
-    return hint.__name__
-
-
-def _set(section_obj: Any, section: str, key: str, value: Any) -> None:
-    fields = {f.name: f for f in dataclasses.fields(section_obj)}
-    if key not in fields:
-        raise ConfigError(
-            f"unknown config key {section}.{key} (expected one of: " + ", ".join(f"{section}.{k}" for k in fields) + ")"
-        )
-    f = fields[key]
-    hint = typing.get_type_hints(type(section_obj))[key]
-    if not _type_ok(value, hint):
-        raise ConfigError(f"{section}.{key}={value!r} has type {type(value).__name__} (expected {_describe(hint)})")
-    if hint is float:
-        value = float(value)
-    check = f.metadata.get("check")
-    if check is not None and not check(value):
-        raise ConfigError(f"{section}.{key}={value!r} is out of range (expected {f.metadata['expect']})")
-    setattr(section_obj, key, value)
-
-
-def _apply(cfg: Config, tree: dict, origin: str) -> None:
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{origin} must hold a mapping of sections (data, loader, train, dist)")
-    sections = {f.name for f in dataclasses.fields(cfg)}
-    for section, values in tree.items():
-        if section not in sections:
-            raise ConfigError(
-                f"unknown config section {section!r} in {origin} (expected one of: {', '.join(sorted(sections))})"
-            )
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise ConfigError(f"section {section!r} in {origin} must be a mapping of key: value")
-        for key, value in values.items():
-            _set(getattr(cfg, section), section, key, value)
-
-
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """Split ``section.key=value`` into its parts; the value is read as YAML.
-
-    >>> parse_override("loader.num_workers=4")
-    ('loader', 'num_workers', 4)
-    """
-    if "=" not in text or "." not in text.split("=", 1)[0]:
-        raise ConfigError(f"override {text!r} is not of the form section.key=value (e.g. train.epochs=5)")
-    dotted, raw = text.split("=", 1)
-    section, key = dotted.strip().split(".", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e})") from None
-    return section, key, value
-
-
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
-    """Build the config from defaults, then a YAML file, then ``section.key=value`` overrides.
+    """Build the config from the dataclass defaults, then a YAML file, then overrides.
 
     Args:
         path: YAML file; ``None`` reads ``configs/default.yaml`` when it exists.
-        overrides: strings such as ``"train.epochs=5"``, applied last.
+        overrides: strings such as ``"train.epochs=5"`` or ``"train.lr=1e-4"``, applied last.
     """
-    cfg = Config()
-    if path is None and DEFAULT_CONFIG.exists():
+    if path is None and DEFAULT_CONFIG.is_file():
         path = DEFAULT_CONFIG
+    conf = OmegaConf.structured(Config)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            try:
-                tree = yaml.safe_load(f) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        _apply(cfg, tree, str(path))
+        conf = _merge(conf, _read_yaml(Path(path)), f"in {path}")
     for text in overrides:
-        section, key, value = parse_override(text)
-        _apply(cfg, {section: {key: value}}, f"override {text!r}")
-    return cfg
+        conf = _merge(conf, _parse_override(text), f"in override {text!r}")
+    try:
+        return OmegaConf.to_object(conf)  # each section's __post_init__ checks its ranges
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain(e, "")) from None
+
+
+def _merge(conf, layer, where: str):
+    try:
+        return OmegaConf.merge(conf, layer)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain(e, where)) from None
+
+
+def _read_yaml(path: Path):
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (expected a YAML file such as {DEFAULT_CONFIG})")
+    try:
+        tree = OmegaConf.load(path)
+    except Exception as e:  # the YAML parser's errors carry the line and column
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not OmegaConf.is_dict(tree):
+        raise ConfigError(f"config file {path} must hold a mapping of sections (data, loader, train, dist)")
+    return tree
+
+
+def _parse_override(text: str):
+    dotted = text.split("=", 1)[0]
+    if "=" not in text or "." not in dotted or not all(dotted.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form section.key=value (e.g. train.epochs=5)")
+    try:
+        return OmegaConf.from_dotlist([text])
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"override {text!r} cannot be read: {str(e).splitlines()[0]}") from None
+
+
+def _explain(e: OmegaConfBaseException, where: str) -> str:
+    """One line naming the key, the value and what is expected, from OmegaConf's error."""
+    key = getattr(e, "full_key", None) or "?"
+    where = f" {where}" if where else ""
+    if isinstance(e, ConfigKeyError):
+        section = key.split(".")[0]
+        known = [f.name for f in dataclasses.fields(Config)]
+        if section not in known:
+            return f"unknown config section {section!r}{where} (expected one of: {', '.join(known)})"
+        keys = [f"{section}.{f.name}" for f in dataclasses.fields(getattr(Config(), section))]
+        return f"unknown config key {key}{where} (expected one of: {', '.join(keys)})"
+    return f"{key}: {str(e).splitlines()[0]}{where}"

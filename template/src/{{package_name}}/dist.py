@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as torch_dist
+
+_cpu_group = None  # a gloo group for small host-side agreements (the default group when it is gloo)
 
 
 def is_torchrun() -> bool:
@@ -18,16 +21,17 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def is_distributed() -> bool:
+    """True inside a joined process group."""
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
 def get_rank() -> int:
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_rank()
-    return int(os.environ.get("RANK", 0))
+    return torch_dist.get_rank() if is_distributed() else int(os.environ.get("RANK", 0))
 
 
 def get_world_size() -> int:
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        return torch_dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", 1))
+    return torch_dist.get_world_size() if is_distributed() else int(os.environ.get("WORLD_SIZE", 1))
 
 
 def local_rank() -> int:
@@ -68,108 +72,88 @@ def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
         timeout_s (int): how long a collective waits before failing instead of hanging.
         device (torch.device): this process's device; on CUDA it is bound to the group.
     """
-    if not is_torchrun() or torch_dist.is_initialized():
-        return torch_dist.is_initialized()
+    global _cpu_group
+    if not is_torchrun() or is_distributed():
+        return is_distributed()
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    torch_dist.init_process_group(
-        backend=backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    torch_dist.init_process_group(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+    _cpu_group = torch_dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     return True
 
 
 def teardown() -> None:
-    if torch_dist.is_available() and torch_dist.is_initialized():
+    global _cpu_group
+    if is_distributed():
         torch_dist.destroy_process_group()
+    _cpu_group = None
 
 
 def barrier() -> None:
-    if torch_dist.is_available() and torch_dist.is_initialized():
+    if is_distributed():
         torch_dist.barrier()
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum a few numbers over all ranks (identity in a single process)."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    torch_dist.all_reduce(t)
-    return t.tolist()
-
-
-def stop_together(batches, device: torch.device):
-    """Yield from ``batches`` while every rank still has one; all ranks stop at the shortest.
-
-    # NOTE [ Uneven streams hang DDP ]
-    # With an IterableDataset each rank reads its own share, and shares differ by a few rows
-    # (or by much, for a live stream). A rank that runs out leaves the loop while the others
-    # wait in backward's all-reduce forever. One tiny all-reduce (MIN) per step lets every rank
-    # learn that someone is out and stop at the same step. Map-style datasets need none of this:
-    # DistributedSampler gives every rank the same number of batches.
-    """
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
-        yield from batches
-        return
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
-    for batch in _with_sentinel(batches):
-        flag.fill_(0 if batch is None else 1)
-        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
-        if flag.item() == 0:
-            return
-        yield batch
-
-
-def _with_sentinel(iterable):
-    yield from iterable
-    yield None
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks, in place (itself in a single process)."""
+    if is_distributed():
+        torch_dist.all_reduce(values)
+    return values
 
 
 def all_gather_object(obj) -> list:
     """``[obj of rank 0, obj of rank 1, ...]`` (just ``[obj]`` in a single process)."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+    if not is_distributed():
         return [obj]
     out = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(out, obj)
     return out
 
 
-def all_reduce_min_max(value: int, device: torch.device) -> tuple[int, int]:
-    """The smallest and largest ``value`` over all ranks."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
-        return value, value
-    t = torch.tensor([value, -value], dtype=torch.int64, device=device)
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    return -int(t[1]), int(t[0])
-
-
-def agree_min(value: int | None, device: torch.device) -> int | None:
-    """The smallest ``value`` over all ranks; ``None`` if any rank has ``None`` (it cannot tell)."""
-    lo, _ = all_reduce_min_max(-1 if value is None else value, device)
-    return None if lo < 0 else lo
-
-
 def broadcast_from_main(obj):
     """Rank 0's ``obj`` on every rank (``obj`` itself in a single process)."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+    if not is_distributed():
         return obj
     box = [obj]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def check_in_sync(model: torch.nn.Module, device: torch.device) -> None:
-    """Raise if the DDP replicas' parameters differ (they must stay identical step after step)."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+def stop_together(batches: Iterable) -> Iterator:
+    """Yield from ``batches`` while every rank still has one; all ranks stop at the shortest.
+
+    # NOTE [ Uneven streams hang DDP ]
+    # A rank that runs out of data leaves the loop while the others wait in backward's
+    # all-reduce forever. When a source can count its rows, every rank knows the epoch's
+    # length up front and this is not used. Otherwise the ranks agree batch by batch: each
+    # fetches its next batch before yielding the current one, and a MIN all-reduce of "I have
+    # a next batch" runs on a CPU (gloo) group while the step computes, so the host never
+    # waits on the device for it.
+    """
+    if not is_distributed():
+        yield from batches
         return
-    with torch.no_grad():
-        total = sum(p.double().sum() for p in model.parameters()).to(device)
-    t = torch.stack([total, -total])
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    spread = float(t[0] + t[1])
-    if spread > 1e-6 * max(1.0, abs(float(t[0]))):
-        raise RuntimeError(
-            f"DDP model replicas diverged (parameter sums differ by {spread:.3g} across ranks): "
-            "ranks took different steps or learning rates"
-        )
+    it = iter(batches)
+    current = next(it, None)
+    if not _AllHave(current is not None).wait():
+        return
+    while True:
+        following = next(it, None)
+        everyone = _AllHave(following is not None)
+        yield current
+        if not everyone.wait():
+            return
+        current = following
+
+
+class _AllHave:
+    """An asynchronous MIN all-reduce of one flag on the CPU group."""
+
+    def __init__(self, flag: bool) -> None:
+        self.tensor = torch.tensor([int(flag)], dtype=torch.int32)
+        self.work = torch_dist.all_reduce(self.tensor, op=torch_dist.ReduceOp.MIN, group=_cpu_group, async_op=True)
+
+    def wait(self) -> bool:
+        self.work.wait()
+        return bool(self.tensor.item())  # a CPU tensor: no device sync

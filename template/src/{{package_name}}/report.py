@@ -51,7 +51,7 @@ def write_reports(out: Path, report: dict) -> None:
     md = [
         "# Data-loading benchmark",
         "",
-        f"Loader alone on `{fp['data_root']}` ({fp['data_size']} samples, {fp['source']}/{fp['format']}), "
+        f"Loader alone on `{fp['data']['root']}` ({_describe(fp['source'])}), "
         f"batch size {report['batch_size']}, {fp['cpus']} CPUs, local world size {fp['local_world_size']}, "
         f"torch {fp['torch']}. Chosen: the cheapest setting with workers within 5% of the best; "
         "0 workers is the baseline (loading in the training process cannot overlap the step).",
@@ -65,6 +65,12 @@ def write_reports(out: Path, report: dict) -> None:
     ]
     (out / "bench.md").write_text("\n".join(md), encoding="utf-8")
     plot(out / "bench.png", report)
+
+
+def _describe(source) -> str:
+    if isinstance(source, dict):
+        return ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in source.items())
+    return str(source)
 
 
 def plot(path: Path, report: dict) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class BadSampleBudgetExceeded(RuntimeError):
+class BadSampleBudgetExceeded(UserError, RuntimeError):
     """More distinct samples failed than ``data.bad_sample_budget`` allows."""
 
 

@@ -1,25 +1,35 @@
-"""The DataLoader factory: sampler, workers, seeding and tuned settings in one place.
+"""The DataLoader factory: sampler, workers, seeding, batching and tuned settings in one place.
 
-loader = build_loader(dataset, cfg, "train")
-for epoch in range(cfg.train.epochs):
-    set_epoch(loader, epoch)  # a new shuffle each epoch, on every rank
-    for batch in loader: ...
+    loader = build_loader(dataset, cfg, "train")
+    for epoch in range(cfg.train.epochs):
+        set_epoch(loader, epoch)  # a new order each epoch, on every rank
+        for batch in even_batches(loader, planned_batches(loader)): ...
+
+The loader is torchdata's ``StatefulDataLoader``: ``loader.state_dict()`` between batches is
+the position in the epoch (sampler, workers and the source's own state), and
+``loader.load_state_dict(state)`` continues from it, so a resumed run sees the rest of the
+epoch and nothing twice.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
 import logging
 import math
 import random
+import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import IterableDataset, Sampler, default_collate
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from .. import dist, project
+from ..errors import UserError
+from .source import Source
 from .tuned import read_tuned
 
 log = logging.getLogger(__name__)
@@ -58,28 +68,6 @@ def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
     )
 
 
-class ResumableDistributedSampler(DistributedSampler):
-    """:class:`DistributedSampler` that can skip the samples a resumed run already saw.
-
-    ``skip(n)`` drops the first ``n`` indices of the next ``__iter__`` only, so a run resumed
-    mid-epoch sees the rest of that epoch's permutation (same seed and epoch) and nothing twice.
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._skip = 0
-
-    def skip(self, n: int) -> None:
-        self._skip = n
-
-    def __iter__(self):
-        skip, self._skip = self._skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
-
-    def __len__(self) -> int:
-        return self.num_samples - self._skip
-
-
 class EvalSampler(Sampler[int]):
     """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every sample exactly once.
 
@@ -87,7 +75,7 @@ class EvalSampler(Sampler[int]):
     ranks count each validation sample once. Ranks may get one sample more or fewer, which is
     safe because evaluation runs no collective per batch.
 
-    list(EvalSampler(5, rank=1, num_replicas=2))
+    >>> list(EvalSampler(5, rank=1, num_replicas=2))
     [1, 3]
     """
 
@@ -117,84 +105,128 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def build_loader(dataset, cfg, split: str, *, rank: int | None = None, world_size: int | None = None):
-    """The DataLoader for ``split``, with arguments that mean what DataLoader's mean.
+class SkipBadCollate:
+    """Batch the good samples with ``collate`` and carry the bad ones' ``(key, reason)`` in ``batch["bad"]``.
+
+    # NOTE [ Bad samples travel with the batch ]
+    # A worker process cannot stop the run or keep a count the main process sees, so a
+    # sample that fails to read or decode becomes ``{"key", "bad"}`` and rides along with its
+    # batch; the training loop counts them in one place (``BadSampleBudget``). A batch whose
+    # samples were all bad is ``{"key": [], "bad": [...]}``: it never reaches the model.
+    """
+
+    def __init__(self, collate) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: list[dict]) -> dict[str, Any]:
+        good = [s for s in samples if "bad" not in s]
+        batch = self.collate(good) if good else {"key": []}
+        batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
+        return batch
+
+
+def build_loader(
+    dataset, cfg, split: str, *, rank: int | None = None, world_size: int | None = None, collate_fn=None
+) -> StatefulDataLoader:
+    """The loader of ``split``, with arguments that mean what DataLoader's mean.
 
     Args:
-        dataset: from :func:`build_dataset`.
+        dataset: a source from ``build_dataset`` (or any Dataset of sample dicts).
         cfg (Config): ``loader.*`` and ``train.seed`` are used.
         split (str): ``"train"`` shuffles, drops the last partial batch (``loader.drop_last``)
             and gives every rank the same number of batches; ``"val"`` reads every sample
             exactly once over all ranks, in order.
-        rank, world_size (int, optional): default to the running process group's; pass them
-            to simulate a rank in tests.
+        rank, world_size (int, optional): for a map-style dataset, the share its sampler
+            reads; default: the source's own, else the running process group's.
+        collate_fn (callable, optional): default: the source's ``task.collate``, skipping bad
+            samples (:class:`SkipBadCollate`); torch's ``default_collate`` for other datasets.
     """
-    if rank is None or world_size is None:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    if isinstance(dataset, Source):
+        if rank is None or world_size is None:
+            rank, world_size = dataset.rank, dataset.world_size
+        elif isinstance(dataset, IterableDataset) and (rank, world_size) != (dataset.rank, dataset.world_size):
+            raise ValueError(
+                f"the source was opened for rank {dataset.rank} of {dataset.world_size}, not {rank} of {world_size}: "
+                f"build_dataset(cfg, split, rank={rank}, world_size={world_size})"
+            )
+        collate_fn = collate_fn or SkipBadCollate(dataset.task.collate)
+    else:
+        if rank is None or world_size is None:
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        collate_fn = collate_fn or default_collate
     train = split == "train"
     s = resolve_settings(cfg, dataset, read_tuned(cfg, dataset))
     if isinstance(dataset, IterableDataset):
-        # The stream shards itself by rank, then by worker (see stages.py); this loader's copy
-        # gets this rank, sharing the epoch counter with the original.
-        dataset = copy.copy(dataset)
-        dataset.rank, dataset.world_size = rank, world_size
-        if hasattr(dataset, "check_loader"):
-            dataset.check_loader(s.num_workers, world_size)
+        if isinstance(dataset, Source) and train:
+            dataset.check_workers(s.num_workers)
         sampler = None
     elif train:
-        sampler = ResumableDistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.train.seed
-        )
+        sampler = StatefulDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=cfg.train.seed)
         batches = len(sampler) // cfg.loader.batch_size if cfg.loader.drop_last else len(sampler)
         if batches == 0:
-            raise ValueError(
-                f"the train split has {len(dataset)} samples: with loader.batch_size="
-                f"{cfg.loader.batch_size} x world size {world_size} and loader.drop_last=true "
-                "no batch is left (lower the batch size or add data)"
+            raise UserError(
+                f"the train split has {len(dataset)} samples: with loader.batch_size={cfg.loader.batch_size} x "
+                f"world size {world_size} and loader.drop_last=true no batch is left (lower the batch size or add data)"
             )
     else:
         sampler = EvalSampler(len(dataset), rank=rank, num_replicas=world_size)
     workers = s.num_workers > 0
-    return DataLoader(
-        dataset,
-        batch_size=cfg.loader.batch_size,
-        sampler=sampler,
-        num_workers=s.num_workers,
-        collate_fn=getattr(dataset, "collate_fn", None),
-        pin_memory=s.pin_memory,
-        drop_last=cfg.loader.drop_last if train else False,
-        worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
-        prefetch_factor=s.prefetch_factor if workers else None,
-        persistent_workers=s.persistent_workers if workers else False,
-    )
+    with warnings.catch_warnings():  # torchdata calls torch.set_vital, which torch deprecates: not the user's concern
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        return StatefulDataLoader(
+            dataset,
+            batch_size=cfg.loader.batch_size,
+            sampler=sampler,
+            num_workers=s.num_workers,
+            collate_fn=collate_fn,
+            pin_memory=s.pin_memory,
+            drop_last=cfg.loader.drop_last if train else False,
+            worker_init_fn=seed_worker,
+            generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
+            prefetch_factor=s.prefetch_factor if workers else None,
+            persistent_workers=s.persistent_workers if workers else False,
+        )
 
 
-def estimated_batches(loader: DataLoader) -> int | None:
-    """Batches one epoch of ``loader`` yields on this rank; ``None`` when the source cannot tell.
+def set_epoch(loader, epoch: int) -> None:
+    """Tell the sampler, or a source that orders itself, which epoch starts."""
+    if isinstance(loader.sampler, StatefulDistributedSampler):
+        loader.sampler.set_epoch(epoch)
+    if isinstance(loader.dataset, Source):
+        loader.dataset.set_epoch(epoch)
 
-    For an IterableDataset this is computed from its ``__len__`` per worker (each worker ends
-    with its own partial batch) instead of ``len(loader)``, whose single division undercounts.
-    A source with ``exact_batches`` (shards with an index) knows the count for the current
-    epoch, the same on every rank.
+
+def planned_batches(loader) -> int | None:
+    """Batches every rank gets this epoch (the same number on all); ``None`` when the source cannot tell.
+
+    Call it after :func:`set_epoch`: a source's plan may change with the epoch.
     """
     dataset = loader.dataset
     if not isinstance(dataset, IterableDataset):
         return len(loader)
-    if hasattr(dataset, "exact_batches"):
-        return dataset.exact_batches(loader.batch_size, loader.num_workers, loader.drop_last)
-    try:
-        n = len(dataset)
-    except TypeError:
-        return None
-    workers = max(1, loader.num_workers)
-    bs = loader.batch_size
-    per_worker = [n // workers + (w < n % workers) for w in range(workers)]
-    return sum(k // bs if loader.drop_last else math.ceil(k / bs) for k in per_worker)
+    if isinstance(dataset, Source):
+        return dataset.planned_batches(loader.batch_size, loader.num_workers, loader.drop_last)
+    return None
 
 
-def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Tell the sampler (and a dataset that shuffles itself) which epoch starts."""
-    for obj in (loader.sampler, loader.dataset):
-        if hasattr(obj, "set_epoch"):
-            obj.set_epoch(epoch)
+def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict | None]:
+    """Exactly ``planned`` items, so that every rank takes the same number of steps.
+
+    The loader's batches come first; should it run dry early (the data changed under the
+    run), ``None`` fills the rest and the step runs on a stand-in with zero weight. When
+    ``planned`` is ``None`` (a source that cannot count its rows), all ranks stop together at
+    the first rank's end, agreed by one collective per batch on a CPU group (no device sync).
+    """
+    if planned is None:
+        yield from dist.stop_together(batches)
+        return
+    it = iter(batches)
+    for done in range(planned):
+        batch = next(it, None)
+        if batch is None:
+            log.warning(
+                "the loader ran dry after %d of %d planned batches: stand-in steps fill the rest", done, planned
+            )
+            yield from (None for _ in range(planned - done))
+            return
+        yield batch

@@ -6,25 +6,25 @@ machine still matches; `train` re-runs a quick bench when none does.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 import yaml
 
-from .. import dist, project
+from .. import dist
+from .source import Source
 
 
 def fingerprint(cfg, dataset) -> dict:
     """What the tuned settings depend on; `train` re-tunes when any of it changes."""
-    root = cfg.data.root if "://" in cfg.data.root else str(Path(cfg.data.root).resolve())
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bad_sample_budget"}
+    if "://" not in data["root"]:
+        data["root"] = str(Path(data["root"]).resolve())
     return {
-        "data_root": root,
-        "data_size": getattr(dataset, "data_size", None),
-        "source": project.DATA_SOURCE,
-        "format": project.DATA_FORMAT,
+        "data": data,
+        "source": dataset.fingerprint() if isinstance(dataset, Source) else type(dataset).__name__,
         "batch_size": cfg.loader.batch_size,
-        "image_size": cfg.data.image_size,
-        "max_len": cfg.data.max_len,
         "cpus": dist.usable_cpus(),
         "local_world_size": dist.local_world_size(),
         "torch": str(torch.__version__),

@@ -1,0 +1,24 @@
+"""Mistakes a user can fix. The command line prints each as one ``error:`` line (exit code 2).
+
+Tracebacks are for bugs; ``--debug`` shows one for these too.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the config, the data or the command line; the message says what to change."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override names an unknown key or holds a bad value."""
+
+
+class DataError(UserError, ValueError):
+    """The data at ``data.root`` is missing or not laid out as this project's source expects."""
+
+
+def require(key: str, value: object, ok: bool, expected: str) -> None:
+    """Raise :class:`ConfigError` naming ``key`` and what is allowed unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is out of range (expected {expected})")
