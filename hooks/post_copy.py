@@ -4,7 +4,9 @@ Copier runs it in the rendered project with ``--trust``; ``copier update`` needs
 under git, so doing it here lets an update work at once. A project rendered inside an
 existing repository is left for that repository's owner to commit.
 
-    python hooks/post_copy.py <package_name>
+    python hooks/post_copy.py
+
+The next steps are copier's message after the copy (``_message_after_copy`` in copier.yml).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ def git(*args: str) -> subprocess.CompletedProcess:
 
 
 def main(argv: list[str]) -> int:
-    package = argv[0] if argv else "<package>"
     if shutil.which("git") is None:
         print("post-copy: git is not installed; skipping `git init` (copier update needs a git repository)")
     elif git("rev-parse", "--is-inside-work-tree").stdout.strip() == "true":
@@ -45,10 +46,6 @@ def main(argv: list[str]) -> int:
                 print(f"post-copy: git {' '.join(step)} failed: {result.stderr.strip()}", file=sys.stderr)
                 return result.returncode
         print("post-copy: created a git repository with a first commit")
-    print("Next:")
-    print(f"  python -m {package} sample-data")
-    print(f"  python -m {package} bench")
-    print(f"  python -m {package} train")
     return 0
 
 

@@ -150,24 +150,68 @@ def test_answers_file(project: Rendered) -> None:
     assert {k: saved.get(k) for k in project.answers} == project.answers
 
 
-def test_project_module_holds_the_answers(project: Rendered) -> None:
+def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> None:
     module = runpy.run_path(str(project.path / "src" / project.package / "project.py"))
-    names = {"package_name": "PACKAGE"}
-    for key, value in project.answers.items():
-        constant = names.get(key, key.upper())
-        assert constant in module, f"project.py has no {constant} (answer {key})"
-        assert module[constant] == value, f"project.py {constant} = {module[constant]!r}, answer {key} = {value!r}"
+    constants = {k: v for k, v in module.items() if k.isupper()}
+    assert constants == {
+        "PACKAGE": project.package,
+        "NUM_GPUS": project.answers["num_gpus"],
+        "NUM_NODES": project.answers["num_nodes"],
+        "BATCH_SIZE": project.answers["batch_size"],
+    }
+
+
+# Names that only the code of one answer uses: (question, the answers that may use them, patterns).
+VARIANT_MARKERS = [
+    ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
+    ("stream_backend", {"http"}, [r"\bhttp", r"base64"]),
+    ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json"]),
+    ("data_source", {"stream", "shards"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
+    ("data_source", {"folder"}, [r"FolderSource"]),
+    ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
+    ("data_format", {"image"}, [r"image_size", r"decode_image", r"jpe?g", r"RandomResizedCrop"]),
+    ("data_format", {"tensor"}, [r"\.npy", r"allow_pickle"]),
+    ("data_format", {"sequence"}, [r"max_len", r"\btoken", r"utf-8 text"]),
+]
+EXPECTED_DATA_MODULES = {
+    "folder": {"folder.py", "folder_index.py", "sample.py"},
+    "sqlite": {"sqlite.py", "database.py", "iterable.py", "sample.py"},
+    "http": {"http.py", "database.py", "serve.py", "iterable.py", "sample.py"},
+    "shards": {"shards.py", "pack.py", "folder_index.py", "iterable.py", "sample.py"},
+}
+COMMON_DATA_MODULES = {"__init__.py", "source.py", "loader.py", "budget.py", "tuned.py", "synthetic.py"}
+
+
+def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:
+    """src/ and configs/ hold no code and no config key of the answers not chosen."""
+    source = project.answers.get("stream_backend") or project.answers["data_source"]
+    modules = {rel.rsplit("/", 1)[1] for rel in project.files if rel.startswith(f"src/{project.package}/data/")}
+    assert modules == EXPECTED_DATA_MODULES[source] | COMMON_DATA_MODULES
+    problems = []
+    for question, allowed, patterns in VARIANT_MARKERS:
+        if project.answers.get(question) in allowed:
+            continue
+        for rel, content in project.files.items():
+            if rel.startswith(("src/", "configs/")):
+                text = content.decode("utf-8")
+                problems += [
+                    f"{rel}: {p!r} ({question} is not one of {sorted(allowed)})"
+                    for p in patterns
+                    if re.search(p, text, re.I)
+                ]
+    assert not problems, "code of answers not chosen:\n" + "\n".join(problems)
 
 
 def test_default_config(project: Rendered) -> None:
     config = yaml.safe_load(project.files["configs/default.yaml"])
     assert config["loader"]["batch_size"] == BATCH_SIZE
     required = {
-        "data": {"root", "image_size", "max_len", "bad_sample_budget"},
+        "data": {"root", "bad_sample_budget"},
         "loader": {"batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "drop_last"},
         "train": {"epochs", "lr", "seed", "run_dir", "checkpoint_every", "resume"},
         "dist": {"backend", "timeout_s"},
     }
+    required["data"] |= {"image": {"image_size"}, "sequence": {"max_len"}}.get(project.answers["data_format"], set())
     for section, keys in required.items():
         missing = keys - set(config.get(section) or {})
         assert not missing, f"configs/default.yaml [{section}] lacks {sorted(missing)}"
@@ -183,9 +227,15 @@ def test_pyproject(project: Rendered) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
 def test_rendered_project_tests_pass(project: Rendered) -> None:
+    """The project's own suite; its slow tests (DDP, several processes) with the CPU answers.
+
+    The GPU answers render the same Python (on a CPU machine they train on the CPU): their fast
+    tests run, and their slow ones would only repeat the CPU answers' here.
+    """
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
+    marks = "slow or not slow" if project.answers["num_gpus"] == 0 else "not slow"
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", marks],
         project.path,
         env=project_env(project.path),
         timeout=RENDERED_TESTS_TIMEOUT_S,

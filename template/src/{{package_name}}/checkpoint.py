@@ -46,7 +46,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint onto the CPU, refusing pickled code and checkpoints of another format."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        written_by = "torchfeed v0.1.0" if isinstance(state, dict) and "stream_rows" in state else "another version"
+        written_by = "torchfeed v0.1.0" if isinstance(state, dict) and "batch_in_epoch" in state else "another version"
         raise CheckpointError(
             f"{path} was written by {written_by}, whose resume state this project cannot read: start a new run "
             f"with train.resume=never (or another train.run_dir), or finish that run with the project's old version"

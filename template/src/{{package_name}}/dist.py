@@ -123,7 +123,7 @@ def broadcast_from_main(obj):
 def stop_together(batches: Iterable) -> Iterator:
     """Yield from ``batches`` while every rank still has one; all ranks stop at the shortest.
 
-    # NOTE [ Uneven streams hang DDP ]
+    # NOTE [ Uneven data hangs DDP ]
     # A rank that runs out of data leaves the loop while the others wait in backward's
     # all-reduce forever. When a source can count its rows, every rank knows the epoch's
     # length up front and this is not used. Otherwise the ranks agree batch by batch: each

@@ -20,7 +20,7 @@ class BadSampleBudget:
         budget (int): how many distinct bad samples are tolerated (``data.bad_sample_budget``).
 
     >>> b = BadSampleBudget(1)
-    >>> b.update([("train/cat/1.jpg", "truncated")])
+    >>> b.update([("train/cat/0001", "truncated")])
     >>> b.count
     1
     """
