@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compare_sources.py [--per-class 500] [--workers 2] [--batch-size 64]
 
 Renders one image project per source from this checkout, writes the same synthetic images
-for each (the same bytes: folder files, SQLite rows, tar shards packed from the folder), and
+with each project's own `sample-data` (the same bytes: folder files, SQLite rows, 8 tar shards), and
 times each project's train loader alone: samples/s over ``--batches`` batches after a warm-up,
 with the same num_workers, prefetch_factor, batch size and transforms. The fourth row is a
 plain ``webdataset.WebDataset`` pipeline over the same shards with the same torchvision
@@ -32,11 +32,11 @@ root, workers, batch_size, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv
 cfg = load_config(None, [f"data.root={root}", f"loader.num_workers={workers}", "loader.prefetch_factor=2",
                          "loader.persistent_workers=true", f"loader.batch_size={batch_size}", "loader.tuned=''",
                          "data.image_size=64"])
-loader = build_loader(build_dataset(cfg, "train"), cfg, "train", rank=0, world_size=1)
+loader = build_loader(build_dataset(cfg, "train"), cfg, "train")
 def batch_sizes(epoch):
     set_epoch(loader, epoch)
     for batch in loader:
-        yield len(batch["target"])
+        yield len(batch["key"])
 """
 
 # A plain WebDataset pipeline over the same shards, with the project's decode and transforms.
@@ -117,28 +117,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         projects = {s: render(tmp / s, s) for s in ("folder", "stream", "shards")}
-        sys.path.insert(0, str(projects["shards"] / "src"))
-        from bench_project.data import sample
-        from bench_project.data.formats import build_format
-        from bench_project.data.pack import pack_shards
-
-        per_class = {"train": args.per_class, "val": 1}
-        sample.write_folder(str(tmp / "folder-data"), "image", per_class, image_size=64)
-        sample.write_sqlite(str(tmp / "data.sqlite"), "image", per_class, image_size=64)
-        per_shard = max(1, args.per_class * 4 // (4 * args.workers))  # 4 shards per worker
-        pack_shards(
-            str(tmp / "folder-data"),
-            str(tmp / "shards"),
-            build_format("image", 64),
-            max_samples=per_shard,
-            progress=False,
-        )
-        size = sum(f.stat().st_size for f in (tmp / "folder-data" / "train").rglob("*") if f.is_file())
+        data = {"folder": tmp / "folder-data", "stream": tmp / "data.sqlite", "shards": tmp / "shards"}
+        for source, project in projects.items():  # each project's own sample-data: the same images
+            argv = ["sample-data", "--per-class", str(args.per_class), "--out", str(data[source]), "data.image_size=64"]
+            env = {**os.environ, "PYTHONPATH": str(project / "src")}
+            subprocess.run([sys.executable, "-m", PACKAGE, *argv], cwd=project, env=env, check=True)
+        size = sum(f.stat().st_size for f in (data["folder"] / "train").rglob("*") if f.is_file())
         rows = [
-            ("folder (rendered)", PROJECT_PROBE, projects["folder"], str(tmp / "folder-data")),
-            ("stream/sqlite (rendered)", PROJECT_PROBE, projects["stream"], str(tmp / "data.sqlite")),
-            ("shards (rendered)", PROJECT_PROBE, projects["shards"], str(tmp / "shards")),
-            ("plain webdataset.WebDataset", WDS_PROBE, None, str(tmp / "shards")),
+            ("folder (rendered)", PROJECT_PROBE, projects["folder"], str(data["folder"])),
+            ("stream/sqlite (rendered)", PROJECT_PROBE, projects["stream"], str(data["stream"])),
+            ("shards (rendered)", PROJECT_PROBE, projects["shards"], str(data["shards"])),
+            ("plain webdataset.WebDataset", WDS_PROBE, None, str(data["shards"])),
         ]
         print(
             f"{args.per_class * 4} train images ({size / 1e6:.1f} MB, 64 px crops), batch {args.batch_size}, "

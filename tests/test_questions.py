@@ -39,7 +39,8 @@ BAD_ANSWERS = [
     pytest.param({"num_gpus": 65}, ["num_gpus", "0 to 64"], id="num_gpus=65"),
     pytest.param({"num_nodes": 0}, ["num_nodes", "1 or more"], id="num_nodes=0"),
     pytest.param({"num_nodes": -2}, ["num_nodes", "1 or more"], id="num_nodes=-2"),
-    pytest.param({"batch_size": 0}, ["batch_size", "1 or more"], id="batch_size=0"),
+    pytest.param({"batch_size": 0}, ["batch_size", "2 or more"], id="batch_size=0"),
+    pytest.param({"batch_size": 1}, ["batch_size", "2 or more", "BatchNorm"], id="batch_size=1"),
     pytest.param({"project_name": ""}, ["project_name", "must not be empty"], id="project_name=''"),
     pytest.param({"project_name": "   "}, ["project_name", "must not be empty"], id="project_name=blank"),
     pytest.param({"data_format": "video"}, ["data_format", "image", "tensor", "sequence"], id="data_format=video"),
@@ -77,7 +78,7 @@ def test_choice_refusal_lists_every_offered_choice(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "answers",
     [
-        {"num_gpus": 0, "num_nodes": 1, "batch_size": 1},
+        {"num_gpus": 0, "num_nodes": 1, "batch_size": 2},
         {"num_gpus": 64, "num_nodes": 128, "batch_size": 4096},
         {"package_name": "_private2"},
         {"package_name": "a"},

@@ -1,112 +1,169 @@
-"""`copier update`: a project rendered from template v0.1.0, edited by its user, updated to v0.2.0.
+"""`copier update` from the first release (v0.1.0, commit e4c65c7) to this working tree, over a user's edits.
 
-The template is a copy of this working tree in a fresh git repository (so uncommitted work is
-tested too), tagged v0.1.0; the test then commits a template change and tags v0.2.0.
+As a user would: render v0.1.0 with --trust (a git repository with a first commit), train it
+once (a v0.1.0 checkpoint), edit a model default, config values and a comment, the README,
+add a file of their own, commit, then `copier update` to the working tree. Files the user did
+not touch must update without conflict; every edit must survive; conflicts in the edited
+files are resolved by script as a user would (the template's new text, the user's values),
+after which the project's own tests pass and the old checkpoint stops `train` with one
+`error:` line.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import copier
 import pytest
 import yaml
-from conftest import copy_template_repo, git, render, rendered_files
+from conftest import REPO, git, project_env, render, rendered_files, run, tail
 
-PACKAGE_DIR = "template/src/{{package_name}}"
-USER_CONFIG_LINE = "# my note: the cluster's data lives on /scratch (kept across updates)"
-TEMPLATE_CONFIG_LINE = "# (template v0.2.0: a line the template added to the header)"
-TEMPLATE_LOADER_LINE = "# torchfeed v0.2.0: the loader module changed in the template"
-TEMPLATE_NEW_FILE = "docs/UPDATING.md"
+FIRST_RELEASE = "e4c65c7"  # v0.1.0 (CHANGELOG.md)
+USER_FILE = "notes/experiments.md"
+USER_README = "\n## Our cluster\n\nThe data lives on /scratch/cats; ask Ana for access.\n"
+USER_COMMENT = "\n# ours: the cluster's data lives on /scratch (kept across updates)"
+LOADER = "\nloader:\n"
+MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
+
+CASES = [
+    pytest.param({"project_name": "Update Check", "data_source": "folder", "data_format": "image"}, id="folder-image"),
+    pytest.param(
+        {"project_name": "Update Check", "data_source": "shards", "data_format": "sequence"}, id="shards-sequence"
+    ),
+]
 
 
-def _edit_first_line(path: Path, new_line: str) -> None:
-    """Insert ``new_line`` after the first line of ``path`` (a change far from the file's end)."""
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    assert lines, f"{path} is empty"
-    path.write_text("".join([lines[0], new_line + "\n", *lines[1:]]), encoding="utf-8")
+def cli(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "update_check", *args], project, env=project_env(project), timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def updated(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("update")
-    template = copy_template_repo(root / "template", tag="v0.1.0")
+MODEL_DEFAULT = {"image": "width: int = {}", "tensor": "hidden: int = {}", "sequence": "dim: int = {}"}
+MODEL_VALUES = {"image": (32, 48), "tensor": (256, 512), "sequence": (64, 96)}
 
-    # v0.1.0 -> a project under git (the post-copy hook's first commit)
-    project = root / "project"
-    render(project, tasks=True, src=template, vcs_ref="v0.1.0", project_name="Update Check", data_format="tensor")
-    package = "update_check"
-    before = {
-        "commits": int(git(project, "rev-list", "--count", "HEAD")),
-        "answers": yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8")),
+
+def user_edits(project: Path, data_format: str) -> dict[str, list[tuple[str, str]]]:
+    """Edit the project as a user would; returns, per file, ``(template's text, user's text)`` pairs."""
+    was, now = (MODEL_DEFAULT[data_format].format(v) for v in MODEL_VALUES[data_format])
+    edits = {
+        "src/update_check/model.py": [(was, now)],
+        "configs/default.yaml": [
+            ("  epochs: 3 ", "  epochs: 7 "),
+            ("  seed: 0 ", "  seed: 42 "),
+            (LOADER, USER_COMMENT + LOADER),
+        ],
+        "README.md": [("", USER_README)],
     }
+    for rel, pairs in edits.items():
+        path = project / rel
+        text = path.read_text(encoding="utf-8")
+        for old, new in pairs:
+            assert old in text, f"v0.1.0 {rel} has no {old!r}: pick another edit"
+            text = text.replace(old, new, 1) if old else text + new
+        path.write_text(text, encoding="utf-8")
+    (project / USER_FILE).parent.mkdir()
+    (project / USER_FILE).write_text("Run 3: lr 1e-3 was better.\n", encoding="utf-8")
+    return {**edits, USER_FILE: [("", "Run 3: lr 1e-3 was better.")]}
 
-    # the user edits the project: a config comment at the end, a model default, and commits
-    config = project / "configs" / "default.yaml"
-    config.write_text(config.read_text(encoding="utf-8") + USER_CONFIG_LINE + "\n", encoding="utf-8")
-    model = project / "src" / package / "model.py"
-    model_text = model.read_text(encoding="utf-8")
-    assert "width: int = 32" in model_text, "model.py changed: pick another line for the user's edit"
-    model.write_text(model_text.replace("width: int = 32", "width: int = 48", 1), encoding="utf-8")
+
+def resolve(text: str, edits: list[tuple[str, str]]) -> str:
+    """Resolve inline conflicts as a user would: take the template's new text, then put the user's values back."""
+    pattern = re.compile(r"^<<<<<<< [^\n]*\n(.*?)^=======\n(.*?)^>>>>>>> [^\n]*\n", re.MULTILINE | re.DOTALL)
+    resolved = pattern.sub(lambda m: m.group(2), text)
+    for old, new in edits:
+        if new not in resolved:
+            resolved = resolved.replace(old, new, 1) if old else resolved + new
+    return resolved
+
+
+@pytest.fixture(scope="module", params=CASES)
+def updated(request, tmp_path_factory) -> dict:
+    if subprocess.run(["git", "cat-file", "-e", f"{FIRST_RELEASE}^{{commit}}"], cwd=REPO, check=False).returncode:
+        pytest.fail(f"commit {FIRST_RELEASE} (v0.1.0) is not in this clone: fetch the full history to test the update")
+    project = tmp_path_factory.mktemp("update") / "project"
+    render(project, tasks=True, vcs_ref=FIRST_RELEASE, **request.param)
+    before = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
+    # v0.1.0 trains once: the checkpoint a user has when they update
+    assert cli(project, "sample-data", "--per-class", "8").returncode == 0
+    trained = cli(project, "train", "train.epochs=1", "loader.tuned=''", "loader.batch_size=8")
+    assert trained.returncode == 0, tail(trained.stdout)
+    assert (project / "runs" / "default" / "checkpoint.pt").is_file()
+    keep = user_edits(project, request.param["data_format"])
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "my changes")
+    edited_commit = git(project, "rev-parse", "HEAD")
 
-    # the template changes: the same config file (header), another module, a new file; v0.2.0
-    _edit_first_line(template / "template" / "configs" / "default.yaml.jinja", TEMPLATE_CONFIG_LINE)
-    _edit_first_line(template / PACKAGE_DIR / "data" / "loader.py", TEMPLATE_LOADER_LINE)
-    new_file = template / "template" / TEMPLATE_NEW_FILE
-    new_file.parent.mkdir(parents=True, exist_ok=True)
-    new_file.write_text("How to update this project: `copier update --trust`.\n", encoding="utf-8")
-    git(template, "add", "-A")
-    git(template, "commit", "-q", "-m", "template v0.2.0")
-    git(template, "tag", "v0.2.0")
-
-    copier.run_update(str(project), defaults=True, overwrite=True, unsafe=True, vcs_ref="v0.2.0", quiet=True)
-    return {"project": project, "package": package, "before": before}
-
-
-def test_render_at_v010_is_a_git_repo(updated: dict) -> None:
-    assert updated["before"]["commits"] == 1
-    assert updated["before"]["answers"]["_commit"] == "v0.1.0"
-
-
-def test_user_edits_survive(updated: dict) -> None:
-    project, package = updated["project"], updated["package"]
-    assert USER_CONFIG_LINE in (project / "configs" / "default.yaml").read_text(encoding="utf-8")
-    model = (project / "src" / package / "model.py").read_text(encoding="utf-8")
-    assert "width: int = 48" in model and "width: int = 32" not in model
-
-
-def test_template_changes_arrive(updated: dict) -> None:
-    project, package = updated["project"], updated["package"]
-    assert TEMPLATE_CONFIG_LINE in (project / "configs" / "default.yaml").read_text(encoding="utf-8")
-    assert TEMPLATE_LOADER_LINE in (project / "src" / package / "data" / "loader.py").read_text(encoding="utf-8")
-    assert (project / TEMPLATE_NEW_FILE).is_file()
-
-
-def test_no_conflicts(updated: dict) -> None:
-    files = rendered_files(updated["project"])
-    rejects = [rel for rel in files if rel.endswith((".rej", ".orig"))]
-    assert not rejects, f"rejected hunks: {rejects}"
-    markers = [
-        f"{rel}:{n}"
+    copier.run_update(str(project), defaults=True, overwrite=True, unsafe=True, vcs_ref="HEAD", quiet=True)
+    files = rendered_files(project)
+    conflicted = sorted(
+        rel
         for rel, content in files.items()
-        for n, line in enumerate(content.decode("utf-8", errors="replace").splitlines(), 1)
-        if line.startswith(("<<<<<<<", ">>>>>>>"))
+        if any(line.startswith(MARKERS) for line in content.decode("utf-8", errors="replace").splitlines())
+    )
+    return {
+        "project": project,
+        "files": files,
+        "keep": keep,
+        "before": before,
+        "conflicted": conflicted,
+        "edited_commit": edited_commit,
+        "changed": git(project, "status", "--porcelain").splitlines(),
+    }
+
+
+def test_the_first_release_renders_a_git_repository(updated: dict) -> None:
+    assert updated["before"]["_commit"].startswith(("v0.1.0", FIRST_RELEASE[:7])), updated["before"]["_commit"]
+
+
+def test_files_the_user_did_not_touch_update_without_conflict(updated: dict) -> None:
+    rejects = [rel for rel in updated["files"] if rel.endswith((".rej", ".orig"))]
+    assert not rejects, f"rejected hunks: {rejects}"
+    untouched_conflicts = [rel for rel in updated["conflicted"] if rel not in updated["keep"]]
+    assert not untouched_conflicts, f"conflicts in files the user never edited: {untouched_conflicts}"
+
+
+def test_every_user_edit_survives(updated: dict) -> None:
+    for rel, edits in updated["keep"].items():
+        text = updated["files"][rel].decode("utf-8")
+        for _, new in edits:
+            assert new.strip() in text, f"{rel} lost the user's {new.strip()!r}"
+
+
+def test_the_template_restructuring_arrives(updated: dict) -> None:
+    files = updated["files"]
+    assert "src/update_check/task.py" in files and "src/update_check/data/source.py" in files
+    gone = [
+        "src/update_check/data/formats.py",
+        "src/update_check/data/transforms.py",
+        "src/update_check/data/strings.py",
     ]
-    assert not markers, f"conflict markers: {markers}"
-
-
-def test_answers_record_the_new_version(updated: dict) -> None:
-    answers = yaml.safe_load((updated["project"] / ".copier-answers.yml").read_text(encoding="utf-8"))
-    assert answers["_commit"] == "v0.2.0"
-    kept = {k: v for k, v in updated["before"]["answers"].items() if not k.startswith("_")}
+    assert not [rel for rel in gone if rel in files], "files v0.2.0 removed are still there"
+    answers = yaml.safe_load(files[".copier-answers.yml"])
+    kept = {k: v for k, v in updated["before"].items() if not k.startswith("_")}
     assert {k: answers.get(k) for k in kept} == kept, "the update changed the answers"
-    assert answers["project_name"] == "Update Check" and answers["data_format"] == "tensor"
+    assert git(updated["project"], "rev-parse", "HEAD") == updated["edited_commit"], "the update committed"
 
 
-def test_update_runs_no_copy_task(updated: dict) -> None:
-    """The post-copy hook is for `copy` only: the update leaves its changes for the user to commit."""
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
     project = updated["project"]
-    assert git(project, "rev-list", "--count", "HEAD") == "2"
-    assert git(project, "status", "--porcelain"), "the update changed nothing in the work tree"
+    for rel in updated["conflicted"]:
+        path = project / rel
+        path.write_text(resolve(path.read_text(encoding="utf-8"), updated["keep"].get(rel, [])), encoding="utf-8")
+    test_every_user_edit_survives({**updated, "files": rendered_files(project)})
+    old = cli(project, "train", "loader.tuned=''")  # the v0.1.0 checkpoint in runs/default
+    errors = [line for line in old.stdout.splitlines() if line.startswith("error:")]
+    assert old.returncode == 2 and len(errors) == 1 and "Traceback" not in old.stdout, tail(old.stdout)
+    assert "v0.1.0" in errors[0] and "train.resume=never" in errors[0]
+    fresh = cli(project, "train", "train.resume=never", "train.epochs=1", "loader.tuned=''", "loader.batch_size=8")
+    assert fresh.returncode == 0, tail(fresh.stdout)
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        project,
+        env=project_env(project),
+        timeout=800,
+    )
+    assert result.returncode == 0, f"the updated project's tests failed:\n{tail(result.stdout)}"

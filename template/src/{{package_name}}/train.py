@@ -102,6 +102,8 @@ def fit(cfg, device: torch.device) -> list[dict]:
         train_stats = train_one_epoch(
             ddp_model, task, optimizer, train_loader, device, cfg, progress, planned, budget, amp, checkpoint
         )
+        if progress.total_steps is None:  # a source of unknown length: its first epoch sets the schedule
+            progress.total_steps = progress.step + train_stats["batches"] * (cfg.train.epochs - epoch - 1)
         val_stats = evaluate(model, task, val_loader, device, amp, budget)
         progress.epoch, progress.batch = epoch + 1, 0
         checkpoint(progress, mid_epoch=False)
@@ -135,13 +137,15 @@ def train_one_epoch(
 ) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
-    Returns the mean loss and the number of samples, summed over ranks, and the seconds taken.
+    Returns the mean loss and the number of samples over all ranks, the batches of this rank,
+    and the seconds taken.
     """
     model.train()
     start = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     samples, last, batches = 0, None, 0
     todo = None if planned is None else planned - progress.batch
+    spare = functools.partial(spare_batch, loader.dataset)
     bar = tqdm(
         total=planned,
         initial=progress.batch,
@@ -152,7 +156,7 @@ def train_one_epoch(
     for batch in even_batches(loader, todo):
         if batch is not None:
             budget.update(batch["bad"])
-        batch, n, last = trainable(batch, last, functools.partial(spare_batch, loader.dataset))
+        batch, n, last = trainable(batch, last, spare)
         set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.train.lr))
         loss = train_step(model, task, optimizer, batch, device, amp, weight=1.0 if n else 0.0)
         loss_sum += loss * n
@@ -166,12 +170,11 @@ def train_one_epoch(
         if todo is None and cfg.train.max_batches and progress.batch >= cfg.train.max_batches:
             break
     bar.close()
-    if progress.total_steps is None:  # a source of unknown length: the first epoch sets the schedule
-        progress.total_steps = progress.step + batches * (cfg.train.epochs - progress.epoch - 1)
     totals = dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(samples), device=device)]))
     loss_total, samples_total = totals.tolist()
     seconds = time.perf_counter() - start
-    return {"loss": loss_total / max(samples_total, 1), "samples": int(samples_total), "seconds": seconds}
+    loss = loss_total / max(samples_total, 1)
+    return {"loss": loss, "samples": int(samples_total), "batches": batches, "seconds": seconds}
 
 
 def train_step(model, task, optimizer, batch: dict, device, amp: bool, weight: float = 1.0) -> torch.Tensor:
