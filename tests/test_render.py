@@ -7,6 +7,7 @@ SOURCES (test_every_offered_choice_is_rendered fails until a new choice is liste
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 import subprocess
@@ -215,6 +216,60 @@ def test_default_config(project: Rendered) -> None:
     for section, keys in required.items():
         missing = keys - set(config.get(section) or {})
         assert not missing, f"configs/default.yaml [{section}] lacks {sorted(missing)}"
+
+
+DEFAULTS_PROBE = """
+import dataclasses, json, sys
+from {package}.config import Config
+cfg = Config()
+sections = [(s.name, getattr(cfg, s.name)) for s in dataclasses.fields(cfg)]
+print(json.dumps({{f"{{n}}.{{f.name}}": getattr(c, f.name) for n, c in sections for f in dataclasses.fields(c)}}))
+"""
+
+
+def dataclass_defaults(project: Rendered) -> dict[str, object]:
+    """``section.key`` -> default, read from the rendered project's config dataclasses."""
+    code = DEFAULTS_PROBE.format(package=project.package)
+    result = run([sys.executable, "-c", code], project.path, env=project_env(project.path))
+    assert result.returncode == 0, tail(result.stdout)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def readme_defaults(text: str) -> dict[str, object]:
+    """The README's "Config keys" table: ``section.key`` -> its default cell, read as YAML."""
+    table = text.split("## Config keys", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", table, flags=re.MULTILINE)
+    return {key: yaml.safe_load(cell) for key, cell in rows}
+
+
+def mismatches(truth: dict[str, object], yaml_text: str, readme_text: str) -> list[str]:
+    """Every key whose default differs between the dataclasses, configs/default.yaml and the README."""
+    tree = yaml.safe_load(yaml_text)
+    in_yaml = {f"{s}.{k}": v for s, keys in tree.items() for k, v in (keys or {}).items()}
+    problems = []
+    for where, found in (("configs/default.yaml", in_yaml), ("README.md", readme_defaults(readme_text))):
+        for key in sorted(truth.keys() | found.keys()):
+            if key not in found:
+                problems.append(f"{key}: missing from {where}")
+            elif key not in truth:
+                problems.append(f"{key}: in {where} but not a config key")
+            elif found[key] != truth[key] or type(found[key]) is not type(truth[key]):
+                problems.append(f"{key}: {where} says {found[key]!r}, the dataclass {truth[key]!r}")
+    return problems
+
+
+def test_defaults_agree_in_the_dataclasses_the_yaml_and_the_readme(project: Rendered) -> None:
+    """The dataclasses hold the defaults; configs/default.yaml and the README's table repeat them."""
+    yaml_text, readme = project.files["configs/default.yaml"].decode(), project.files["README.md"].decode()
+    truth = dataclass_defaults(project)
+    assert mismatches(truth, yaml_text, readme) == []
+    # The check names the key that differs: an edited copy of each file.
+    edited = re.sub(r"^(  epochs:) \d+", r"\1 7", yaml_text, count=1, flags=re.MULTILINE)
+    assert mismatches(truth, edited, readme) == ["train.epochs: configs/default.yaml says 7, the dataclass 3"]
+    dropped = re.sub(r"^  seed: .*\n", "", yaml_text, count=1, flags=re.MULTILINE)
+    assert mismatches(truth, dropped, readme) == ["train.seed: missing from configs/default.yaml"]
+    edited_readme = re.sub(r"^(\| `train.lr` \| )`[^`]*`", r"\1`0.1`", readme, count=1, flags=re.MULTILINE)
+    assert mismatches(truth, yaml_text, edited_readme) == ["train.lr: README.md says 0.1, the dataclass 0.003"]
 
 
 def test_pyproject(project: Rendered) -> None:
