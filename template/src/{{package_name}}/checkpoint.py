@@ -1,13 +1,16 @@
-"""Atomic, resumable checkpoints.
+"""Atomic, resumable checkpoints: what a run saves, and how a resumed run continues.
 
 A checkpoint is one dict of named ``state_dict``s (model, optimizer, every rank's train
-loader and RNGs) plus epoch, step and config. Only rank 0 writes it, to a temporary file that
-then replaces the old one, so a crash mid-write never leaves a truncated ``checkpoint.pt``.
-It is read back with ``weights_only=True``: loading a checkpoint runs no pickled code.
+loader and RNGs) plus where the run stands (:class:`Progress`) and the config. Only rank 0
+writes it, to a temporary file that then replaces the old one, so a crash mid-write never
+leaves a truncated ``checkpoint.pt``. It is read back with ``weights_only=True``: loading a
+checkpoint runs no pickled code.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import random
 from pathlib import Path
@@ -15,7 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import dist
+from .data.source import Source
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2  # v0.1.0 of the template wrote checkpoints without a "format" key
@@ -84,3 +91,103 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a run stands: what a checkpoint records and a resumed run continues from."""
+
+    epoch: int = 0  # the epoch running, or the next one between epochs
+    batch: int = 0  # batches of that epoch already trained
+    step: int = 0  # optimizer steps since the run began
+    total_steps: int | None = None  # the learning-rate schedule's length (None: not known yet)
+    epoch_batches: int | None = None  # a source that cannot count: the batches of its last whole epoch
+
+
+def layout(cfg, loader) -> dict:
+    """What a position inside an epoch depends on: a resumed run continues it only if all match.
+
+    The world and the loader's batching, the seed (orders and shuffle blocks), the data keys,
+    and what the source knows of its data (e.g. its row count).
+    """
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bad_sample_budget"}
+    return {
+        "world_size": dist.get_world_size(),
+        "batch_size": cfg.loader.batch_size,
+        "num_workers": loader.num_workers,
+        "drop_last": cfg.loader.drop_last,
+        "seed": cfg.train.seed,
+        "data": data,
+        "source": loader.dataset.fingerprint() if isinstance(loader.dataset, Source) else None,
+    }
+
+
+def save(cfg, run_dir: Path, model, optimizer, loader, device, progress: Progress, mid_epoch: bool) -> None:
+    """Write the checkpoint (rank 0); every rank hands in its loader position and RNGs."""
+    mine = {"loader": loader.state_dict() if mid_epoch else None, "rng": rng_state(device)}
+    ranks = dist.all_gather_object(mine)  # a collective at checkpoints only
+    if dist.is_main_process():
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "progress": dataclasses.asdict(progress),
+            "layout": layout(cfg, loader),
+            "loader": [r["loader"] for r in ranks],
+            "rng": [r["rng"] for r in ranks],
+            "config": cfg.to_dict(),
+        }
+        save_checkpoint(run_dir / CHECKPOINT, state)
+
+
+def find_checkpoint(cfg, run_dir: Path) -> dict | None:
+    """The checkpoint to resume from (rank 0 picks it; every rank loads it), or ``None``."""
+    path = dist.broadcast_from_main(resume_path(cfg.train.resume, run_dir) if dist.is_main_process() else None)
+    if path is None:
+        return None
+    if not path.is_file():
+        raise UserError(
+            f"rank {dist.get_rank()} cannot read {path}, which rank 0 resumes from: put train.run_dir on a "
+            "filesystem every node shares, or pass train.resume=never"
+        )
+    state = load_checkpoint(path)
+    state["path"] = path
+    return state
+
+
+def keep_saved_workers(cfg, saved: dict | None):
+    """The config, with a mid-epoch checkpoint's ``num_workers`` when ``loader.num_workers`` is auto.
+
+    The loader's position is per worker; an automatic choice keeps the saved count rather than
+    restart the epoch (an explicit, different value restarts it).
+    """
+    if saved is None or not any(saved["loader"]) or cfg.loader.num_workers != "auto":
+        return cfg
+    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=saved["layout"]["num_workers"]))
+
+
+def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
+    """Load the model, optimizer, this rank's RNGs and loader position; returns where to continue."""
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise UserError(
+            f"{saved['path']} holds weights of another model ({str(e).splitlines()[1].strip()}): start a new run "
+            "with train.resume=never (or another train.run_dir)"
+        ) from None
+    optimizer.load_state_dict(saved["optimizer"])
+    progress = Progress(**saved["progress"])
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if len(saved["rng"]) == world_size:
+        set_rng_state(saved["rng"][rank], device)
+    if progress.batch:
+        now = layout(cfg, loader)
+        changed = {k: (v, now.get(k)) for k, v in saved["layout"].items() if now.get(k) != v}
+        if changed:
+            what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+            log.warning("%s since the checkpoint: epoch %d restarts from its beginning", what, progress.epoch)
+            progress.batch = 0
+        else:
+            loader.load_state_dict(saved["loader"][rank])
+    where = (saved["path"], progress.epoch, progress.batch, progress.step)
+    log.info("resumed from %s at epoch %d, batch %d, step %d", *where)
+    return progress

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import psutil
 import torch
-from torch.utils.data import IterableDataset, Subset
+from torch.utils.data import IterableDataset, Subset, get_worker_info
 
 from .data import build_loader, set_epoch
 from .data.loader import SkipBadCollate
@@ -166,7 +166,8 @@ def _digest(t: torch.Tensor) -> str:
 
 
 def _rng_states() -> tuple:
-    return torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    _, keys, position, has_gauss, gauss = np.random.get_state()
+    return torch.get_rng_state(), (keys.copy(), position, has_gauss, gauss), random.getstate()
 
 
 def draws_random_numbers(dataset, tries: int = 8) -> bool:
@@ -183,29 +184,58 @@ def draws_random_numbers(dataset, tries: int = 8) -> bool:
             return False
         if "bad" not in item:
             after = _rng_states()
-            same = torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
+            numpy_same = np.array_equal(before[1][0], after[1][0]) and before[1][1:] == after[1][1:]
+            same = torch.equal(before[0], after[0]) and numpy_same and before[2] == after[2]
             return not same
     return False
+
+
+class _Repeat(IterableDataset):
+    """``copies`` augmented copies of one sample, dealt over the loader's workers."""
+
+    def __init__(self, task, payload: bytes, copies: int) -> None:
+        self.task, self.payload, self.copies = task, payload, copies
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(worker, self.copies, workers):
+            yield {"input": self.task(self.payload), "target": 0, "key": f"copy-{i}"}
+
+
+def _try(task, payload: bytes) -> dict:
+    try:
+        return {"input": task(payload)}
+    except Exception as e:
+        return {"bad": str(e)}
+
+
+def _copies(cfg, dataset, num_workers: int, copies: int = 32):
+    """A loader of ``copies`` of one readable sample: through ``__getitem__``, or an iterable source's task."""
+    variant = _variant(cfg, num_workers=num_workers, batch_size=4)
+    collate = SkipBadCollate(dataset.task.collate) if isinstance(dataset, Source) else None
+    if isinstance(dataset, IterableDataset):
+        payload = next(p for p in dataset.peek(16) if "bad" not in _try(dataset.task, p))
+        return build_loader(_Repeat(dataset.task, payload, copies), variant, "train", collate_fn=collate)
+    first_good = next(i for i in range(len(dataset)) if "bad" not in dataset[i])
+    repeated = Subset(dataset, [first_good] * copies)
+    return build_loader(repeated, variant, "train", rank=0, world_size=1, collate_fn=collate)
 
 
 def check_augmentation(cfg, dataset, num_workers: int) -> Check:
     """Augmentations must differ between epochs and between workers (seeding)."""
     if not draws_random_numbers(dataset):
         return Check("augmentation randomness", OK, "n/a (the train transform draws no random numbers)")
-    if isinstance(dataset, IterableDataset):  # the same key in two epochs must come out different
+    if isinstance(dataset, IterableDataset) and not isinstance(dataset, Source):
         loader = build_loader(dataset, _variant(cfg, num_workers=num_workers), "train")
-        seen = []
+        seen = []  # the same key in two epochs must come out different
         for epoch in range(2):
             set_epoch(loader, epoch)
-            seen.append({k: _digest(x) for b in itertools.islice(loader, 4) for k, x in zip(b["key"], b["input"])})
+            seen.append({k: _digest(x) for b in itertools.islice(loader, 8) for k, x in zip(b["key"], b["input"])})
         common = seen[0].keys() & seen[1].keys()
         same, total = sum(seen[0][k] == seen[1][k] for k in common), len(common)
     else:  # one sample, many times, through several workers and two epochs: every copy must differ
-        first_good = next(i for i in range(len(dataset)) if "bad" not in dataset[i])
-        repeated = Subset(dataset, [first_good] * 32)
-        variant = _variant(cfg, num_workers=max(2, num_workers), batch_size=4)
-        collate = SkipBadCollate(dataset.task.collate) if isinstance(dataset, Source) else None
-        loader = build_loader(repeated, variant, "train", rank=0, world_size=1, collate_fn=collate)
+        loader = _copies(cfg, dataset, max(2, num_workers))
         digests = []
         for epoch in range(2):
             set_epoch(loader, epoch)

@@ -179,6 +179,9 @@ def _read_yaml(path: Path):
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
     if not OmegaConf.is_dict(tree):
         raise ConfigError(f"config file {path} must hold a mapping of sections (data, loader, train, dist)")
+    for section, keys in tree.items():
+        if keys is not None and not OmegaConf.is_dict(keys):
+            raise ConfigError(f"section {section} in {path} must be a mapping of key: value (got {keys!r})")
     return tree
 
 

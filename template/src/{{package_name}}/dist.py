@@ -126,34 +126,35 @@ def stop_together(batches: Iterable) -> Iterator:
     # NOTE [ Uneven data hangs DDP ]
     # A rank that runs out of data leaves the loop while the others wait in backward's
     # all-reduce forever. When a source can count its rows, every rank knows the epoch's
-    # length up front and this is not used. Otherwise the ranks agree batch by batch: each
-    # fetches its next batch before yielding the current one, and a MIN all-reduce of "I have
-    # a next batch" runs on a CPU (gloo) group while the step computes, so the host never
-    # waits on the device for it.
+    # length up front and this is not used. Otherwise the ranks agree batch by batch with a
+    # MIN all-reduce of "I have a batch" on a CPU (gloo) group, so the host never waits on the
+    # device for it. The next batch is fetched only after the caller's step, so the loader's
+    # position (a checkpoint's resume point) is always that of the last batch trained.
     """
     if not is_distributed():
         yield from batches
         return
-    it = iter(batches)
-    current = next(it, None)
-    if not _AllHave(current is not None).wait():
-        return
-    while True:
-        following = next(it, None)
-        everyone = _AllHave(following is not None)
-        yield current
-        if not everyone.wait():
+    for batch in _with_end(batches):
+        if not _all_have(batch is not None):
             return
-        current = following
+        yield batch
 
 
-class _AllHave:
-    """An asynchronous MIN all-reduce of one flag on the CPU group."""
+def _with_end(batches: Iterable) -> Iterator:
+    yield from batches
+    yield None
 
-    def __init__(self, flag: bool) -> None:
-        self.tensor = torch.tensor([int(flag)], dtype=torch.int32)
-        self.work = torch_dist.all_reduce(self.tensor, op=torch_dist.ReduceOp.MIN, group=_cpu_group, async_op=True)
 
-    def wait(self) -> bool:
-        self.work.wait()
-        return bool(self.tensor.item())  # a CPU tensor: no device sync
+def _all_have(flag: bool) -> bool:
+    tensor = torch.tensor([int(flag)], dtype=torch.int32)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MIN, group=_cpu_group)
+    return bool(tensor.item())  # a CPU tensor: no device sync
+
+
+def agree_min(value: int | None) -> int | None:
+    """The smallest ``value`` over all ranks, ``None`` if any rank has ``None`` (on the CPU group)."""
+    if not is_distributed():
+        return value
+    tensor = torch.tensor([-1 if value is None else value], dtype=torch.int64)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MIN, group=_cpu_group)
+    return None if tensor.item() < 0 else int(tensor.item())

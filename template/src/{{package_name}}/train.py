@@ -11,9 +11,7 @@ intervals: losses and counts add up on the device and are read every ``train.log
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 import json
 import logging
 import math
@@ -25,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import IterableDataset
 from tqdm import tqdm
 
 from . import dist, project
-from .checkpoint import CHECKPOINT, load_checkpoint, resume_path, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import Progress, find_checkpoint, keep_saved_workers, resume, save
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import even_batches
@@ -37,16 +34,6 @@ from .errors import UserError
 from .model import build_model
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Progress:
-    """Where a run stands: what a checkpoint records and a resumed run continues from."""
-
-    epoch: int = 0  # the epoch running, or the next one between epochs
-    batch: int = 0  # batches of that epoch already trained
-    step: int = 0  # optimizer steps since the run began
-    total_steps: int | None = None  # the learning-rate schedule's length (None: not known yet)
 
 
 def main(cfg) -> list[dict]:
@@ -94,16 +81,13 @@ def fit(cfg, device: torch.device) -> list[dict]:
     for epoch in range(progress.epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
-        planned = planned_batches(train_loader)
-        if planned is not None and cfg.train.max_batches:
-            planned = min(planned, cfg.train.max_batches)
-        if progress.total_steps is None and planned is not None:
-            progress.total_steps = progress.step - progress.batch + planned * (cfg.train.epochs - epoch)
+        planned = plan_epoch(train_loader, cfg, progress)
         train_stats = train_one_epoch(
             ddp_model, task, optimizer, train_loader, device, cfg, progress, planned, budget, amp, checkpoint
         )
-        if progress.total_steps is None:  # a source of unknown length: its first epoch sets the schedule
-            progress.total_steps = progress.step + train_stats["batches"] * (cfg.train.epochs - epoch - 1)
+        if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
+            progress.epoch_batches = progress.batch
+            progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
         val_stats = evaluate(model, task, val_loader, device, amp, budget)
         progress.epoch, progress.batch = epoch + 1, 0
         checkpoint(progress, mid_epoch=False)
@@ -132,18 +116,38 @@ def fit(cfg, device: torch.device) -> list[dict]:
     return history
 
 
+def plan_epoch(loader, cfg, progress: Progress) -> int | None:
+    """The steps every rank takes this epoch (``None``: not known before it ends), and the schedule's length.
+
+    The ranks agree on the fewest (one small collective per epoch): their sources may count
+    moments apart, on data that changes.
+    """
+    planned = dist.agree_min(planned_batches(loader))
+    if planned is not None and cfg.train.max_batches:
+        planned = min(planned, cfg.train.max_batches)
+    if planned == 0:
+        raise UserError(
+            f"epoch {progress.epoch} has no training batch: each rank's share, split over "
+            f"{max(1, loader.num_workers)} worker(s), is smaller than loader.batch_size={cfg.loader.batch_size} "
+            "(lower it or loader.num_workers, set loader.drop_last=false, or add data)"
+        )
+    per_epoch = planned if planned is not None else progress.epoch_batches
+    if per_epoch is not None:  # recomputed each epoch: train.epochs may have changed since a checkpoint
+        progress.total_steps = progress.step - progress.batch + per_epoch * (cfg.train.epochs - progress.epoch)
+    return planned
+
+
 def train_one_epoch(
     model, task, optimizer, loader, device, cfg, progress: Progress, planned, budget, amp: bool, checkpoint
 ) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
-    Returns the mean loss and the number of samples over all ranks, the batches of this rank,
-    and the seconds taken.
+    Returns the mean loss and the number of samples over all ranks, and the seconds taken.
     """
     model.train()
     start = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples, last, batches = 0, None, 0
+    samples, last = 0, None
     todo = None if planned is None else planned - progress.batch
     spare = functools.partial(spare_batch, loader.dataset)
     bar = tqdm(
@@ -156,13 +160,15 @@ def train_one_epoch(
     for batch in even_batches(loader, todo):
         if batch is not None:
             budget.update(batch["bad"])
+        progress.batch += 1
+        bar.update()
+        if (batch is None or not batch["key"]) and not dist.is_distributed():
+            continue  # one process has no replica to keep in step: no stand-in step
         batch, n, last = trainable(batch, last, spare)
         set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.train.lr))
         loss = train_step(model, task, optimizer, batch, device, amp, weight=1.0 if n else 0.0)
         loss_sum += loss * n
-        samples, batches = samples + n, batches + 1
-        progress.step, progress.batch = progress.step + 1, progress.batch + 1
-        bar.update()
+        samples, progress.step = samples + n, progress.step + 1
         if progress.step % cfg.train.log_every == 0:
             bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}")  # one read per interval
         if cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0:
@@ -174,7 +180,7 @@ def train_one_epoch(
     loss_total, samples_total = totals.tolist()
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
-    return {"loss": loss, "samples": int(samples_total), "batches": batches, "seconds": seconds}
+    return {"loss": loss, "samples": int(samples_total), "seconds": seconds}
 
 
 def train_step(model, task, optimizer, batch: dict, device, amp: bool, weight: float = 1.0) -> torch.Tensor:
@@ -201,7 +207,9 @@ def trainable(batch: dict | None, last: dict | None, spare) -> tuple[dict, int, 
     # planned step count. Yet every rank must take every step (DDP all-reduces in backward),
     # and a training batch of 1 breaks BatchNorm. So a batch of one sample is that sample
     # twice (the same mean loss), and an empty one, or none, is replaced by this rank's
-    # previous batch (or, before it has one, by ``spare()``) with zero weight.
+    # previous batch (or, before it has one, by ``spare()``) with zero weight. With zero
+    # gradients on this rank, DDP's averaged gradients are still the same on every rank, so
+    # the replicas stay identical (AdamW's momentum and weight decay still move them, alike).
     """
     n = 0 if batch is None else len(batch["key"])
     if n >= 2:
@@ -213,12 +221,19 @@ def trainable(batch: dict | None, last: dict | None, spare) -> tuple[dict, int, 
 
 
 def spare_batch(dataset) -> dict:
-    """Two good samples of ``dataset``, batched: a stand-in for a rank with no batch of its own yet."""
-    items = iter(dataset) if isinstance(dataset, IterableDataset) else map(dataset.__getitem__, range(len(dataset)))
-    good = list(itertools.islice((s for s in items if "bad" not in s), 2))
-    if len(good) < 2:
-        raise UserError(f"rank {dist.get_rank()} found fewer than 2 readable training samples; check data.root")
-    return dataset.task.collate(good)
+    """Two readable training samples, batched: a stand-in for a rank with no batch of its own yet.
+
+    Taken from the source's first samples (``peek``), so the loader's position is not touched.
+    """
+    task, good = dataset.task, []
+    for data in dataset.peek(16):
+        try:
+            good.append({"input": task(data), "target": 0, "key": "(stand-in)"})
+        except Exception:  # a bad sample: the next one may do
+            continue
+        if len(good) == 2:
+            return task.collate(good)
+    raise UserError(f"rank {dist.get_rank()} found fewer than 2 readable training samples; check data.root")
 
 
 @torch.no_grad()
@@ -274,87 +289,3 @@ def ensure_tuned(cfg, dataset) -> None:
         log.info("no tuned loader settings for this data and machine: running `bench --quick`")
         quick_bench(cfg, dataset)
     dist.barrier()  # every rank, whatever it would have decided: a rank skipping it would hang the rest
-
-
-# --- checkpoints -----------------------------------------------------------------------------
-
-
-def layout(cfg, loader) -> dict:
-    """What a position inside an epoch depends on: a resumed run continues it only if all match."""
-    return {
-        "world_size": dist.get_world_size(),
-        "batch_size": cfg.loader.batch_size,
-        "num_workers": loader.num_workers,
-        "drop_last": cfg.loader.drop_last,
-    }
-
-
-def save(cfg, run_dir: Path, model, optimizer, loader, device, progress: Progress, mid_epoch: bool) -> None:
-    """Write the checkpoint (rank 0); every rank hands in its loader position and RNGs."""
-    mine = {"loader": loader.state_dict() if mid_epoch else None, "rng": rng_state(device)}
-    ranks = dist.all_gather_object(mine)  # a collective at checkpoints only
-    if dist.is_main_process():
-        state = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "progress": dataclasses.asdict(progress),
-            "layout": layout(cfg, loader),
-            "loader": [r["loader"] for r in ranks],
-            "rng": [r["rng"] for r in ranks],
-            "config": cfg.to_dict(),
-        }
-        save_checkpoint(run_dir / CHECKPOINT, state)
-
-
-def find_checkpoint(cfg, run_dir: Path) -> dict | None:
-    """The checkpoint to resume from (rank 0 picks it; every rank loads it), or ``None``."""
-    path = dist.broadcast_from_main(resume_path(cfg.train.resume, run_dir) if dist.is_main_process() else None)
-    if path is None:
-        return None
-    if not path.is_file():
-        raise UserError(
-            f"rank {dist.get_rank()} cannot read {path}, which rank 0 resumes from: put train.run_dir on a "
-            "filesystem every node shares, or pass train.resume=never"
-        )
-    state = load_checkpoint(path)
-    state["path"] = path
-    return state
-
-
-def keep_saved_workers(cfg, saved: dict | None):
-    """The config, with a mid-epoch checkpoint's ``num_workers`` when ``loader.num_workers`` is auto.
-
-    The loader's position is per worker; an automatic choice keeps the saved count rather than
-    restart the epoch (an explicit, different value restarts it).
-    """
-    if saved is None or not any(saved["loader"]) or cfg.loader.num_workers != "auto":
-        return cfg
-    kept = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=saved["layout"]["num_workers"]))
-    return kept
-
-
-def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
-    """Load the model, optimizer, this rank's RNGs and loader position; returns where to continue."""
-    try:
-        model.load_state_dict(saved["model"])
-    except RuntimeError as e:
-        raise UserError(
-            f"{saved['path']} holds weights of another model ({str(e).splitlines()[1].strip()}): start a new run "
-            "with train.resume=never (or another train.run_dir)"
-        ) from None
-    optimizer.load_state_dict(saved["optimizer"])
-    progress = Progress(**saved["progress"])
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if len(saved["rng"]) == world_size:
-        set_rng_state(saved["rng"][rank], device)
-    if progress.batch:
-        changed = {k: (v, layout(cfg, loader)[k]) for k, v in saved["layout"].items() if layout(cfg, loader)[k] != v}
-        if changed:
-            what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
-            log.warning("%s since the checkpoint: epoch %d restarts from its beginning", what, progress.epoch)
-            progress.batch = 0
-        else:
-            loader.load_state_dict(saved["loader"][rank])
-    where = (saved["path"], progress.epoch, progress.batch, progress.step)
-    log.info("resumed from %s at epoch %d, batch %d, step %d", *where)
-    return progress
