@@ -38,7 +38,7 @@ from tqdm import tqdm
 from . import dist, project
 from .checks import run_checks
 from .data import build_loader
-from .data.loader import resolve_settings, set_epoch
+from .data.loader import resolve_settings, set_epoch, worker_processes
 from .data.tuned import fingerprint, write_tuned
 from .report import write_reports
 
@@ -48,9 +48,9 @@ TOLERANCE = 0.05  # settings within 5% of the best count as equally fast
 
 
 def _rss_mb() -> tuple[float, float]:
-    """RSS of this process and the largest of its children (the workers), in MB."""
+    """RSS of this process and of the largest of its DataLoader workers, in MB."""
     me = psutil.Process()
-    workers = [c.memory_info().rss for c in me.children(recursive=True)]
+    workers = [w.memory_info().rss for w in worker_processes()]
     return me.memory_info().rss / 2**20, max(workers, default=0) / 2**20
 
 

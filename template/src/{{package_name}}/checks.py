@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import IterableDataset, Subset, get_worker_info
 
 from .data import build_loader, set_epoch
-from .data.loader import SkipBadCollate
+from .data.loader import SkipBadCollate, worker_processes
 from .data.source import Source
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -136,12 +136,12 @@ def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Ch
     if num_workers == 0:
         return Check("worker memory growth", OK, "n/a (num_workers=0)")
     loader = build_loader(dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train")
-    proc, samples = psutil.Process(), []
+    samples = []
     for epoch in range(100):
         set_epoch(loader, epoch)
         for batch in loader:
             del batch
-            rss = [c.memory_info().rss for c in proc.children(recursive=True)]
+            rss = [w.memory_info().rss for w in worker_processes()]
             samples.append(max(rss, default=0))
             if len(samples) >= batches:
                 break

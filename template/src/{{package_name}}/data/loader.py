@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import random
 import warnings
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -125,6 +127,36 @@ class SkipBadCollate:
         return batch
 
 
+def worker_context():
+    """The multiprocessing context DataLoader workers start from: a forkserver.
+
+    # NOTE [ Workers start from a forkserver ]
+    # A worker forked from the training process copies every lock that process holds at that
+    # moment, and that process runs threads (gloo's, tqdm's monitor, the queue feeders of
+    # persistent workers): a lock held by one of them is copied locked, and the new worker hangs
+    # before it runs a line, with its rank waiting on it forever and the other ranks waiting in
+    # a collective. A forkserver is a separate, single-threaded process started on first use;
+    # each worker is forked from it, and gets the dataset by pickling (so a source holds only
+    # what pickles cheaply: paths, NumPy arrays, no open handle). Importing the data stack in
+    # the forkserver once keeps worker start-up fast.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
+    return ctx
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This process's DataLoader workers: the children of its forkserver (see :func:`worker_context`)."""
+    workers = []
+    for child in psutil.Process().children():
+        try:
+            if "forkserver" in " ".join(child.cmdline()):
+                workers += child.children()
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return workers
+
+
 def build_loader(
     dataset, cfg, split: str, *, rank: int | None = None, world_size: int | None = None, collate_fn=None
 ) -> StatefulDataLoader:
@@ -185,6 +217,7 @@ def build_loader(
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
             prefetch_factor=s.prefetch_factor if workers else None,
             persistent_workers=s.persistent_workers if workers else False,
+            multiprocessing_context=worker_context() if workers else None,
         )
 
 
