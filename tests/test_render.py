@@ -282,15 +282,18 @@ def test_pyproject(project: Rendered) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
 def test_rendered_project_tests_pass(project: Rendered) -> None:
-    """The project's own suite; its slow tests (DDP, several processes) with the CPU answers.
+    """The project's own suite, its slow tests (DDP, several processes) included, with the CPU answers.
 
-    The GPU answers render the same Python (on a CPU machine they train on the CPU): their fast
-    tests run, and their slow ones would only repeat the CPU answers' here.
+    The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
+    train on the CPU): what those numbers change, the launcher and the config, is tested; the
+    rest would only repeat the CPU answers' suite on this machine.
     """
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
-    marks = "slow or not slow" if project.answers["num_gpus"] == 0 else "not slow"
+    selection = ["-m", "slow or not slow"]
+    if project.answers["num_gpus"] > 0:
+        selection = ["-m", "not slow", "tests/test_launch.py", "tests/test_config.py"]
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", marks],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selection],
         project.path,
         env=project_env(project.path),
         timeout=RENDERED_TESTS_TIMEOUT_S,
