@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
 import random
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,8 +140,15 @@ def worker_context():
     # a collective. A forkserver is a separate, single-threaded process started on first use;
     # each worker is forked from it, and gets the dataset by pickling (so a source holds only
     # what pickles cheaply: paths, NumPy arrays, no open handle). Importing the data stack in
-    # the forkserver once keeps worker start-up fast.
+    # the forkserver once keeps worker start-up fast. The forkserver is a fresh interpreter: it
+    # finds this package as a plain `python` would (installed, or on PYTHONPATH), so the folder
+    # holding the package goes on PYTHONPATH for it (a source tree that pytest's `pythonpath`
+    # makes importable is not visible there); otherwise each worker would import torch itself.
     """
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
     return ctx
