@@ -9,10 +9,13 @@ checkpoint runs no pickled code.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +39,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a writer's own: two never share one
     with open(tmp, "wb") as f:
         torch.save({"format": FORMAT, **state}, f)
         f.flush()
@@ -51,7 +54,14 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint onto the CPU, refusing pickled code and checkpoints of another format."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # empty, truncated or not a checkpoint at all
+        why = " ".join(str(e).split())[:200] or "no detail"
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({type(e).__name__}: {why}): move it away, or pass "
+            "train.resume=never to start a new run"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         written_by = "torchfeed v0.1.0" if isinstance(state, dict) and "batch_in_epoch" in state else "another version"
         raise CheckpointError(
@@ -59,6 +69,29 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
             f"with train.resume=never (or another train.run_dir), or finish that run with the project's old version"
         )
     return state
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir/.lock`` while a run writes there: a second run in the same folder stops at once.
+
+    The lock is the operating system's (``flock``): it goes with the process, even on kill -9.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise UserError(
+                f"{run_dir} is in use by another train ({holder}): wait for it, or pass another train.run_dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        yield
 
 
 def resume_path(resume: str, run_dir: str | os.PathLike) -> Path | None:
@@ -171,7 +204,7 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
         model.load_state_dict(saved["model"])
     except RuntimeError as e:
         raise UserError(
-            f"{saved['path']} holds weights of another model ({str(e).splitlines()[1].strip()}): start a new run "
+            f"{saved['path']} holds weights of another model ({' '.join(str(e).split())[:200]}): start a new run "
             "with train.resume=never (or another train.run_dir)"
         ) from None
     optimizer.load_state_dict(saved["optimizer"])

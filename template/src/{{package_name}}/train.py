@@ -11,6 +11,7 @@ intervals: losses and counts add up on the device and are read every ``train.log
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from . import dist, project
-from .checkpoint import Progress, find_checkpoint, keep_saved_workers, resume, save
+from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_workers, resume, run_dir_lock, save
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import even_batches
@@ -40,8 +41,9 @@ def main(cfg) -> list[dict]:
     """Train for ``cfg.train.epochs``; returns the per-epoch metrics (as in ``metrics.jsonl``)."""
     device = dist.pick_device(project.NUM_GPUS)
     dist.setup(cfg.dist.backend, cfg.dist.timeout_s, device)
-    try:
-        return fit(cfg, device)
+    try:  # rank 0 writes the run's files: it holds run_dir for the run's length
+        with run_dir_lock(Path(cfg.train.run_dir)) if dist.is_main_process() else contextlib.nullcontext():
+            return fit(cfg, device)
     finally:
         dist.teardown()
 
@@ -157,6 +159,7 @@ def train_one_epoch(
         disable=not (dist.is_main_process() and sys.stderr.isatty()),
         leave=False,
     )
+    guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir))
     for batch in even_batches(loader, todo):
         if batch is not None:
             budget.update(batch["bad"])
@@ -169,18 +172,62 @@ def train_one_epoch(
         loss = train_step(model, task, optimizer, batch, device, amp, weight=1.0 if n else 0.0)
         loss_sum += loss * n
         samples, progress.step = samples + n, progress.step + 1
+        guard.record(loss, progress, batch["key"])
         if progress.step % cfg.train.log_every == 0:
-            bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}")  # one read per interval
+            guard.check(model)  # reads the device once per interval, like the loss below
+            bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}")
         if cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0:
+            guard.check(model)  # only finite weights are ever written
             checkpoint(progress, mid_epoch=True)
         if todo is None and cfg.train.max_batches and progress.batch >= cfg.train.max_batches:
             break
     bar.close()
+    guard.check(model)
     totals = dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(samples), device=device)]))
     loss_total, samples_total = totals.tolist()
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
     return {"loss": loss, "samples": int(samples_total), "seconds": seconds}
+
+
+class FiniteGuard:
+    """Watches for a NaN or Inf loss without a host read per step, and stops the run naming it.
+
+    # NOTE [ One bad value must not become the last checkpoint ]
+    # A NaN or Inf in one sample (or a learning rate too high) turns the loss, then every
+    # weight, non-finite; saved, it would replace the last good checkpoint. Each step records
+    # ``isfinite(loss)`` on the device, with the step and its batch's keys on the host; the
+    # flags are read at each log interval and before every checkpoint write (together with
+    # the weights'), agreed over ranks, and a bad one stops the run before anything is saved.
+    """
+
+    def __init__(self, device: torch.device, size: int, run_dir: Path) -> None:
+        self.flags = torch.ones(size, dtype=torch.bool, device=device)
+        self.steps: list[tuple[int, int, list[str]]] = []  # (step, epoch, batch keys) since the last check
+        self.run_dir = run_dir
+
+    def record(self, loss: torch.Tensor, progress: Progress, keys: list[str]) -> None:
+        self.flags[len(self.steps)] = torch.isfinite(loss)
+        self.steps.append((progress.step, progress.epoch, keys))
+
+    def check(self, model) -> None:
+        finite = [self.flags[: len(self.steps)].all(), *(torch.isfinite(p).all() for p in model.parameters())]
+        ok = int(torch.stack(finite).all())
+        if dist.is_distributed():
+            ok = dist.agree_min(ok)
+        if not ok:
+            bad = (~self.flags[: len(self.steps)]).nonzero()
+            mine = self.steps[int(bad[0])] if len(bad) else None
+            reports = [r for r in dist.all_gather_object(mine) if r is not None]
+            step, epoch, keys = min(reports) if reports else (self.steps[-1][0], self.steps[-1][1], [])
+            saved = self.run_dir / CHECKPOINT
+            kept = f"{saved} holds the last good weights" if saved.is_file() else "no checkpoint was written"
+            raise UserError(
+                f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch {keys[:8]}: "
+                f"look for bad values in those samples, or lower train.lr; nothing was saved after it ({kept})"
+            )
+        self.steps.clear()
+        self.flags.fill_(True)
 
 
 def train_step(model, task, optimizer, batch: dict, device, amp: bool, weight: float = 1.0) -> torch.Tensor:

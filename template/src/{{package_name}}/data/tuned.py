@@ -7,6 +7,7 @@ machine still matches; `train` re-runs a quick bench when none does.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
@@ -14,6 +15,8 @@ import yaml
 
 from .. import dist
 from .source import Source
+
+log = logging.getLogger(__name__)
 
 
 def fingerprint(cfg, dataset) -> dict:
@@ -41,10 +44,18 @@ def read_tuned(cfg, dataset) -> dict | None:
 
 
 def _tuned_entries(path: str) -> list[dict]:
+    """The entries of the tuned file; an unreadable one counts as none (`bench` then rewrites it)."""
     if not path or not Path(path).is_file():
         return []
-    with open(path, encoding="utf-8") as f:
-        return (yaml.safe_load(f) or {}).get("entries") or []
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = (yaml.safe_load(f) or {}).get("entries") or []
+        if isinstance(entries, list) and all(isinstance(e, dict) for e in entries):
+            return entries
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+        pass
+    log.warning("%s is not a tuned-settings file bench wrote: ignored (the next bench replaces it)", path)
+    return []
 
 
 def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8) -> None:
