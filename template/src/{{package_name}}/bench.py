@@ -39,6 +39,7 @@ from . import dist, project
 from .checks import run_checks
 from .data import build_loader
 from .data.loader import resolve_settings, set_epoch, worker_processes
+from .data.source import Source
 from .data.tuned import fingerprint, write_tuned
 from .report import write_reports
 
@@ -102,9 +103,12 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
     }
 
 
-def worker_counts(quick: bool) -> list[int]:
-    """num_workers to try, ascending: 0 (the baseline) up to the usable CPUs of this process."""
+def worker_counts(quick: bool, dataset=None) -> list[int]:
+    """num_workers to try, ascending: 0 (the baseline) up to the usable CPUs of this process,
+    and no more than the source can feed (e.g. one worker per shard)."""
     most = max(1, dist.usable_cpus() // dist.local_world_size())
+    if isinstance(dataset, Source) and dataset.max_workers() is not None:
+        most = max(1, min(most, dataset.max_workers()))
     if quick:
         return sorted({0, 1, most})
     return sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, most} & set(range(most + 1)))
@@ -136,7 +140,7 @@ def _loader(cfg, dataset, **settings):
 
 def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> list[dict]:
     """Measure (num_workers, prefetch_factor) settings; a branch stops when more workers stop helping."""
-    workers = worker_counts(quick)
+    workers = worker_counts(quick, dataset)
     branches = (2,) if quick else (2, 4)
     deadline = time.perf_counter() + budget_s
     points: list[dict] = []

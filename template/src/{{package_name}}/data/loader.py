@@ -64,6 +64,8 @@ def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
     num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.local_world_size()))
     if not isinstance(dataset, IterableDataset):
         num_workers = min(num_workers, len(dataset))
+    elif c.num_workers == "auto" and isinstance(dataset, Source) and dataset.max_workers() is not None:
+        num_workers = min(num_workers, max(1, dataset.max_workers()))  # an explicit value is checked instead
     return LoaderSettings(
         num_workers=num_workers,
         prefetch_factor=pick("prefetch_factor", 2),

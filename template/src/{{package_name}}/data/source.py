@@ -79,6 +79,10 @@ class Source(abc.ABC):
         """
         return None
 
+    def max_workers(self) -> int | None:
+        """The most loader workers this source can give data to (``None``: no limit)."""
+        return None
+
     def check_workers(self, num_workers: int) -> None:  # noqa: B027 (an optional hook)
         """Refuse a loader set-up under which this source cannot work (default: any works)."""
 
