@@ -180,7 +180,7 @@ EXPECTED_DATA_MODULES = {
     "http": {"http.py", "database.py", "serve.py", "iterable.py", "sample.py"},
     "shards": {"shards.py", "pack.py", "folder_index.py", "iterable.py", "sample.py"},
 }
-COMMON_DATA_MODULES = {"__init__.py", "source.py", "loader.py", "budget.py", "tuned.py", "synthetic.py"}
+COMMON_DATA_MODULES = {"__init__.py", "source.py", "loader.py", "budget.py", "tuned.py", "synthetic.py", "marker.py"}
 
 
 def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:
