@@ -16,7 +16,7 @@ import logging
 import sys
 
 from . import dist, project
-from .errors import UserError
+from .errors import Stalled, UserError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Stalled as e:  # not a bug here: the message names what stopped answering
+        if "--debug" in argv:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def run(args: argparse.Namespace) -> int | None:

@@ -105,7 +105,7 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
 
 def worker_counts(quick: bool, dataset=None) -> list[int]:
     """num_workers to try, ascending: 0 (the baseline) up to the usable CPUs of this process,
-    and no more than the source can feed (e.g. one worker per shard)."""
+    and no more than the source can feed (Source.max_workers)."""
     most = max(1, dist.usable_cpus() // dist.local_world_size())
     if isinstance(dataset, Source) and dataset.max_workers() is not None:
         most = max(1, min(most, dataset.max_workers()))

@@ -73,6 +73,8 @@ class LoaderConfig:
     drop_last: bool = True
     # Settings written by `bench`; used for the auto values while made for this data and machine.
     tuned: str = "configs/tuned.yaml"
+    # Seconds the workers may send no batch before the run stops naming the loader (0 = wait forever).
+    timeout_s: int = 600
 
     def __post_init__(self) -> None:
         # A training batch of one sample breaks BatchNorm (and most models' statistics).
@@ -81,6 +83,7 @@ class LoaderConfig:
         _auto_or("loader.prefetch_factor", self.prefetch_factor, 1)
         _auto_or_bool("loader.persistent_workers", self.persistent_workers)
         _auto_or_bool("loader.pin_memory", self.pin_memory)
+        require("loader.timeout_s", self.timeout_s, self.timeout_s >= 0, ">= 0")
 
 
 @dataclass
@@ -125,7 +128,7 @@ class DistConfig:
     # auto = nccl with CUDA, gloo on the CPU.
     backend: str = AUTO
     # Seconds a collective may wait before the run fails instead of hanging.
-    timeout_s: int = 1800
+    timeout_s: int = 300
 
     def __post_init__(self) -> None:
         require("dist.backend", self.backend, self.backend in (AUTO, "nccl", "gloo"), "auto, nccl or gloo")

@@ -6,14 +6,25 @@ world size is 1, and nothing distributed is started.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as torch_dist
 
+from .errors import Stalled
+
 _cpu_group = None  # a gloo group for small host-side agreements (the default group when it is gloo)
+_store = None  # the job's key-value store (torchrun's), this attempt's keys only
+_timeout_s = 0
+ROLL_CALL_S = 10.0  # after a collective failed, how long a rank waits for the others to answer
+
+
+class RanksLost(Stalled):
+    """A collective failed because some ranks stopped answering (dead, stopped or stuck)."""
 
 
 def is_torchrun() -> bool:
@@ -72,22 +83,76 @@ def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
         timeout_s (int): how long a collective waits before failing instead of hanging.
         device (torch.device): this process's device; on CUDA it is bound to the group.
     """
-    global _cpu_group
+    global _cpu_group, _store, _timeout_s
     if not is_torchrun() or is_distributed():
         return is_distributed()
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    torch_dist.init_process_group(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+    store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=timeout))
+    # NOTE [ Restarted ranks read their peers' old addresses ]
+    # torchrun keeps one store for the whole job; the keys a process group writes there
+    # ("default_pg/0/rank_1", ...) are the same in every restart, so restarted ranks would read
+    # the addresses of the processes they replace and fail to connect. A prefix per attempt
+    # keeps each attempt's keys apart.
+    store = torch_dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    torch_dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
     _cpu_group = torch_dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    _store, _timeout_s = store, timeout_s
     return True
 
 
 def teardown() -> None:
-    global _cpu_group
+    global _cpu_group, _store
     if is_distributed():
         torch_dist.destroy_process_group()
-    _cpu_group = None
+    _cpu_group = _store = None
+
+
+@contextlib.contextmanager
+def name_lost_ranks() -> Iterator[None]:
+    """Turn a failed collective into :class:`RanksLost` naming the ranks that stopped answering.
+
+    A collective that times out (``dist.timeout_s``) or loses a peer says neither which rank nor
+    why. Every rank that gets such an error answers a roll call in the job's store (which does
+    not depend on the broken process group); the ranks that have not answered after
+    ``ROLL_CALL_S`` seconds are named. Errors of any other kind pass through unchanged.
+    """
+    try:
+        yield
+    except RuntimeError as e:
+        if not is_distributed() or _store is None or not (isinstance(e, torch_dist.DistError) or "gloo" in str(e)):
+            raise
+        lost = _roll_call()
+        if not lost:
+            raise
+        names = ", ".join(str(r) for r in lost)
+        raise RanksLost(
+            f"rank(s) {names} stopped answering (dead, stopped or stuck: their log may say which), so rank "
+            f"{get_rank()} stops: a collective failed on a lost connection or after dist.timeout_s={_timeout_s}"
+        ) from e
+
+
+def _roll_call() -> list[int]:
+    """The ranks that have not said "here" in the store within ``ROLL_CALL_S`` ([] if it is unreachable)."""
+    try:
+        _store.set(f"here/{get_rank()}", "1")
+        keys = [f"here/{r}" for r in range(get_world_size())]
+        deadline = time.monotonic() + ROLL_CALL_S
+        while True:
+            lost = [r for r, key in enumerate(keys) if not _store.check([key])]
+            if not lost or time.monotonic() > deadline:
+                return lost
+            time.sleep(0.5)
+    except (RuntimeError, OSError):  # the store is gone too (its host, torchrun's rank 0 agent, died)
+        return []
 
 
 def barrier() -> None:

@@ -1,4 +1,5 @@
-"""Mistakes a user can fix. The command line prints each as one ``error:`` line (exit code 2).
+"""Mistakes a user can fix, and parts of a run that stopped answering. The command line prints
+each as one ``error:`` line (exit code 2 for a mistake, 1 for a stall).
 
 Tracebacks are for bugs; ``--debug`` shows one for these too.
 """
@@ -16,6 +17,10 @@ class ConfigError(UserError, ValueError):
 
 class DataError(UserError, ValueError):
     """The data at ``data.root`` is missing or not laid out as this project's source expects."""
+
+
+class Stalled(RuntimeError):
+    """A part of the run stopped answering (a loader's workers, another rank); the message names it."""
 
 
 def require(key: str, value: object, ok: bool, expected: str) -> None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 
 from . import project
@@ -89,9 +87,7 @@ def main(argv: list[str]) -> int:
     options, command = split_argv(argv)
     cmd = torchrun_command(parser().parse_args(options), command)
     print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # torchrun forwards the signal to its workers and cleans up
-        proc.send_signal(signal.SIGINT)
-        return proc.wait()
+    # torchrun takes this process's place (same pid): a SIGTERM from a scheduler or a Ctrl-C
+    # reaches torchrun itself, which stops every rank it started. A parent that only waited
+    # would die of the SIGTERM and leave torchrun and the ranks running.
+    os.execv(cmd[0], cmd)

@@ -30,7 +30,7 @@ from . import dist, project
 from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_workers, resume, run_dir_lock, save
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
-from .data.loader import even_batches
+from .data.loader import batches, even_batches
 from .errors import UserError
 from .model import build_model
 
@@ -41,8 +41,9 @@ def main(cfg) -> list[dict]:
     """Train for ``cfg.train.epochs``; returns the per-epoch metrics (as in ``metrics.jsonl``)."""
     device = dist.pick_device(project.NUM_GPUS)
     dist.setup(cfg.dist.backend, cfg.dist.timeout_s, device)
+    lock = run_dir_lock(Path(cfg.train.run_dir)) if dist.is_main_process() else contextlib.nullcontext()
     try:  # rank 0 writes the run's files: it holds run_dir for the run's length
-        with run_dir_lock(Path(cfg.train.run_dir)) if dist.is_main_process() else contextlib.nullcontext():
+        with lock, dist.name_lost_ranks():
             return fit(cfg, device)
     finally:
         dist.teardown()
@@ -160,7 +161,7 @@ def train_one_epoch(
         leave=False,
     )
     guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir))
-    for batch in even_batches(loader, todo):
+    for batch in even_batches(batches(loader, "train"), todo):
         if batch is not None:
             budget.update(batch["bad"])
         progress.batch += 1
@@ -288,7 +289,7 @@ def evaluate(model, task, loader, device, amp: bool, budget: BadSampleBudget) ->
     """Validation loss, accuracy and sample count over all ranks (each sample once)."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss x n, correct, n
-    for batch in loader:
+    for batch in batches(loader, "val"):
         budget.update(batch["bad"])
         n = len(batch["key"])
         if n == 0:

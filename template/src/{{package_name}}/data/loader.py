@@ -13,11 +13,15 @@ epoch and nothing twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import multiprocessing
 import os
 import random
+import select
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from .. import dist, project
-from ..errors import UserError
+from ..errors import Stalled, UserError
 from .source import Source
 from .tuned import read_tuned
 
@@ -109,6 +113,40 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
+
+
+def exit_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` ends (a daemon thread waits for it).
+
+    # NOTE [ Workers end with their rank ]
+    # DataLoader's workers stop when their parent process changes. A worker started from the
+    # forkserver (see worker_context) has the forkserver as its parent, and the forkserver
+    # lives while any of its workers does: a rank killed with kill -9 (or by the OOM killer)
+    # would leave its workers and forkserver running, and holding memory, forever. So each
+    # worker watches its rank itself.
+    """
+    try:
+        handle = os.pidfd_open(pid)  # Linux: readable when the process ends
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):
+        handle = None
+
+    def wait() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:  # elsewhere: poll
+            while psutil.pid_exists(pid):
+                time.sleep(2)
+        os._exit(0)
+
+    threading.Thread(target=wait, name=f"exit-with-{pid}", daemon=True).start()
+
+
+def init_worker(rank_pid: int, worker_id: int) -> None:
+    """``worker_init_fn``: seed the worker (:func:`seed_worker`) and end it with its rank (:func:`exit_with`)."""
+    seed_worker(worker_id)
+    exit_with(rank_pid)
 
 
 class SkipBadCollate:
@@ -224,12 +262,32 @@ def build_loader(
             collate_fn=collate_fn,
             pin_memory=s.pin_memory,
             drop_last=cfg.loader.drop_last if train else False,
-            worker_init_fn=seed_worker,
+            worker_init_fn=functools.partial(init_worker, os.getpid()),
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
             prefetch_factor=s.prefetch_factor if workers else None,
             persistent_workers=s.persistent_workers if workers else False,
             multiprocessing_context=worker_context() if workers else None,
+            timeout=cfg.loader.timeout_s if workers else 0,
         )
+
+
+def batches(loader, split: str) -> Iterator[dict]:
+    """``loader``'s batches; workers that send none for ``loader.timeout_s`` become :class:`Stalled` naming it.
+
+    # NOTE [ A stuck worker is an error, not a hang ]
+    # A worker blocked for good (a hung network file system or server, a deadlock) would
+    # otherwise keep its rank waiting forever, and the other ranks in their next collective.
+    """
+    try:
+        yield from loader
+    except RuntimeError as e:
+        if "DataLoader timed out" not in str(e):
+            raise
+        raise Stalled(
+            f"the {split} loader's workers sent no batch in {loader.timeout} s (loader.timeout_s): one is stuck "
+            "(a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), or the data "
+            "is slower than that: raise loader.timeout_s"
+        ) from None
 
 
 def set_epoch(loader, epoch: int) -> None:
