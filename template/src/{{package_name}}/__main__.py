@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path the user gave cannot be used (permissions, a file where a folder goes, ...)
+        if "--debug" in argv or not e.filename:
+            raise
+        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 2
     except Stalled as e:  # not a bug here: the message names what stopped answering
         if "--debug" in argv:
             raise

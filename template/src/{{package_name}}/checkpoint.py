@@ -221,6 +221,23 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
             progress.batch = 0
         else:
             loader.load_state_dict(saved["loader"][rank])
+    changed = config_changes(saved.get("config", {}), cfg.to_dict())
+    if changed:
+        log.warning("changed since the checkpoint, and used from here on: %s", ", ".join(changed))
     where = (saved["path"], progress.epoch, progress.batch, progress.step)
     log.info("resumed from %s at epoch %d, batch %d, step %d", *where)
     return progress
+
+
+def config_changes(saved: dict, now: dict) -> list[str]:
+    """``"section.key old -> new"`` for each config value that differs from the checkpoint's.
+
+    >>> config_changes({"train": {"lr": 0.1, "epochs": 3}}, {"train": {"lr": 0.01, "epochs": 3}})
+    ['train.lr 0.1 -> 0.01']
+    """
+    return [
+        f"{section}.{key} {saved[section][key]} -> {value}"
+        for section, values in now.items()
+        for key, value in values.items()
+        if key in saved.get(section, {}) and saved[section][key] != value
+    ]
