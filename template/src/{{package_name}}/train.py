@@ -19,6 +19,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from .errors import UserError
 from .model import build_model
 
 log = logging.getLogger(__name__)
+DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
 
 
 def main(cfg) -> list[dict]:
@@ -80,7 +82,7 @@ def fit(cfg, device: torch.device) -> list[dict]:
         log.warning("%s already holds %d trained epochs (train.epochs=%d): nothing to do", *done)
 
     budget = BadSampleBudget(cfg.data.bad_sample_budget)
-    history = []
+    history, warned_wait = [], False
     for epoch in range(progress.epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
@@ -95,6 +97,7 @@ def fit(cfg, device: torch.device) -> list[dict]:
         progress.epoch, progress.batch = epoch + 1, 0
         checkpoint(progress, mid_epoch=False)
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
+        wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
         metrics = {
             "epoch": epoch,
             "step": progress.step,
@@ -106,9 +109,23 @@ def fit(cfg, device: torch.device) -> list[dict]:
             "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
             "seconds": round(time.perf_counter() - start, 3),
             "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
+            "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
+            "data_wait_frac": round(wait_frac, 3),
             "world_size": dist.get_world_size(),
         }
         history.append(metrics)
+        if wait_frac > DATA_WAIT_WARN and not warned_wait and dist.is_main_process():
+            warned_wait = True
+            log.warning(
+                "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
+                "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
+                "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
+                "machine gives each process",
+                100 * wait_frac,
+                epoch,
+                train_stats["data_wait_s"],
+                project.PACKAGE,
+            )
         if dist.is_main_process():
             with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(metrics) + "\n")
@@ -161,7 +178,8 @@ def train_one_epoch(
         leave=False,
     )
     guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir))
-    for batch in even_batches(batches(loader, "train"), todo):
+    wait = DataWait()
+    for batch in even_batches(wait.timed(batches(loader, "train")), todo):
         if batch is not None:
             budget.update(batch["bad"])
         progress.batch += 1
@@ -176,7 +194,8 @@ def train_one_epoch(
         guard.record(loss, progress, batch["key"])
         if progress.step % cfg.train.log_every == 0:
             guard.check(model)  # reads the device once per interval, like the loss below
-            bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}")
+            waited = wait.seconds / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}", data_wait=f"{waited:.0%}")
         if cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0:
             guard.check(model)  # only finite weights are ever written
             checkpoint(progress, mid_epoch=True)
@@ -184,11 +203,37 @@ def train_one_epoch(
             break
     bar.close()
     guard.check(model)
-    totals = dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(samples), device=device)]))
-    loss_total, samples_total = totals.tolist()
+    host = torch.tensor([float(samples), wait.seconds], dtype=torch.float64, device=device)
+    totals = dist.all_reduce_sum(torch.cat([loss_sum.reshape(1), host]))
+    loss_total, samples_total, wait_total = totals.tolist()
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
-    return {"loss": loss, "samples": int(samples_total), "seconds": seconds}
+    data_wait = wait_total / dist.get_world_size()  # the ranks' mean
+    return {"loss": loss, "samples": int(samples_total), "seconds": seconds, "data_wait_s": data_wait}
+
+
+class DataWait:
+    """Seconds the loop waited for its next batch: host time spent in the loader's ``next()``.
+
+    No device sync is needed: a loader that keeps up has the next batch ready when the loop asks
+    for it. The epoch's first batch, which waits for the workers to start, is left out.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.batches = 0
+
+    def timed(self, batches: Iterable[dict]) -> Iterator[dict]:
+        it = iter(batches)
+        while True:
+            started = time.perf_counter()
+            batch = next(it, None)
+            if self.batches:
+                self.seconds += time.perf_counter() - started
+            if batch is None:
+                return
+            self.batches += 1
+            yield batch
 
 
 class FiniteGuard:
