@@ -65,7 +65,8 @@ class LoaderConfig:
     num_workers: Union[int, str] = AUTO  # noqa: UP007 (OmegaConf reads typing.Union, not int | str)
     # Batches each worker loads ahead; auto = the tuned value, else 2 (ignored without workers).
     prefetch_factor: Union[int, str] = AUTO  # noqa: UP007
-    # Keep workers alive between epochs; auto = the tuned value, else true (ignored without workers).
+    # Keep training workers alive between epochs (validation workers start for each evaluation);
+    # auto = the tuned value, else true (ignored without workers).
     persistent_workers: Union[bool, str] = AUTO  # noqa: UP007
     # Page-locked host memory for faster host-to-GPU copies; auto = the tuned value, else on with CUDA.
     pin_memory: Union[bool, str] = AUTO  # noqa: UP007

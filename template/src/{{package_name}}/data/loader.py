@@ -321,7 +321,9 @@ def build_loader(
             worker_init_fn=functools.partial(init_worker, os.getpid()),
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
             prefetch_factor=s.prefetch_factor if workers else None,
-            persistent_workers=s.persistent_workers if workers else False,
+            # Validation workers start for each evaluation and end after it: kept, they would sit
+            # idle through every training epoch, each a process holding its own memory.
+            persistent_workers=s.persistent_workers if workers and train else False,
             multiprocessing_context=worker_context() if workers else None,
             timeout=cfg.loader.timeout_s if workers else 0,
         )
