@@ -169,6 +169,9 @@ class SkipBadCollate:
         return batch
 
 
+TAIL = "tail"  # the key of a worker's last, partial batch, sent unbatched (see JoinTails)
+
+
 class JoinTails:
     """The collate of an iterable source's training loader: a whole batch is collated in its
     worker; a smaller one, a worker's last, goes to the loader's process unbatched
@@ -179,9 +182,6 @@ class JoinTails:
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         return self.collate(samples) if len(samples) >= self.batch_size else {TAIL: samples}
-
-
-TAIL = "tail"
 
 
 class TailJoiningLoader(StatefulDataLoader):
