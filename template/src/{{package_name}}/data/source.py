@@ -16,6 +16,7 @@ write a module with a config dataclass (its keys join the ``data`` section) and 
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 
 from .. import dist
 from ..task import Task
@@ -71,6 +72,22 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def fingerprint(self) -> dict:
         """What identifies this data: tuned loader settings are kept per fingerprint."""
+
+    @abc.abstractmethod
+    def identity(self) -> dict:
+        """This split's data in enough detail to tell that a cache made from it is stale.
+
+        Costlier than :meth:`fingerprint` (it may look at every file): ``pack --to cache``
+        records it, and training from a cache compares it (see data/cache.py).
+        """
+
+    @abc.abstractmethod
+    def records(self, start=None) -> Iterator[tuple]:
+        """Every sample of this process's share, undecoded, in a fixed order, from cursor ``start``.
+
+        Yields ``(key, label, bytes or the Exception reading them, cursor)``; passing a row's
+        cursor (a JSON value) as ``start`` continues after that row (``pack`` resumes so).
+        """
 
     def planned_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches every rank yields this epoch: the fewest of any rank; ``None`` if unknown.
