@@ -178,9 +178,19 @@ EXPECTED_DATA_MODULES = {
     "folder": {"folder.py", "folder_index.py", "sample.py"},
     "sqlite": {"sqlite.py", "database.py", "iterable.py", "sample.py"},
     "http": {"http.py", "database.py", "serve.py", "iterable.py", "sample.py"},
-    "shards": {"shards.py", "pack.py", "folder_index.py", "iterable.py", "sample.py"},
+    "shards": {"shards.py", "folder_index.py", "iterable.py", "sample.py"},
 }
-COMMON_DATA_MODULES = {"__init__.py", "source.py", "loader.py", "budget.py", "tuned.py", "synthetic.py", "marker.py"}
+COMMON_DATA_MODULES = {
+    "__init__.py",
+    "source.py",
+    "loader.py",
+    "budget.py",
+    "tuned.py",
+    "synthetic.py",
+    "marker.py",
+    "cache.py",
+    "pack.py",
+}
 
 
 def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:

@@ -14,6 +14,8 @@
    ``configs/tuned.yaml`` with the fingerprint of this data and machine.
 3. The stall: the model's training step (build_model, task.py's loss) on a real batch, on the
    training device, against the loader's time per batch: how much of a step would wait for data.
+   With ``data.cache`` set, the source at ``data.root`` is timed at the chosen setting too:
+   the cache's speed-up over it.
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
    memory growth, repeated augmentations (whatever task.py's train transform does), a
    collate that cannot batch.
@@ -38,6 +40,7 @@ from tqdm import tqdm
 from . import dist, project
 from .checks import run_checks
 from .data import build_loader
+from .data.cache import CacheSource
 from .data.loader import resolve_settings, set_epoch, worker_processes
 from .data.source import Source
 from .data.tuned import fingerprint, write_tuned
@@ -237,6 +240,23 @@ def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
     }
 
 
+def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
+    """The source (``data.root``) at the setting chosen for its cache: how much faster the cache is."""
+    from .data import ProjectSource
+
+    source = ProjectSource.open(cfg, "train")
+    workers = min(chosen["num_workers"], source.max_workers() or chosen["num_workers"])
+    loader = _loader(
+        cfg, source, num_workers=workers, prefetch_factor=chosen["prefetch_factor"], persistent_workers=True
+    )
+    rate = measure(loader, batches)["samples_per_s"]
+    return {
+        "source_samples_per_s": rate,
+        "cache_samples_per_s": chosen["samples_per_s"],
+        "speedup": round(chosen["samples_per_s"] / rate, 2),
+    }
+
+
 def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches: int | None = None) -> dict:
     """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports."""
     batches = batches or (6 if quick else 30)
@@ -283,6 +303,8 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
         }
         tuned["pin_memory"] = copy_rate[True] > (1 + TOLERANCE) * copy_rate[False]
         report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
+    if not quick and isinstance(dataset, CacheSource):
+        report["cache"] = cache_speedup(cfg, chosen, batches)
     if not quick:
         report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]

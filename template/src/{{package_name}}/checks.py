@@ -132,7 +132,12 @@ def check_duplicates(cfg, open_rank: Callable, num_workers: int, world_size: int
 
 
 def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Check:
-    """Worker RSS must not keep growing through an epoch (copy-on-read, or a cache without a bound)."""
+    """Worker memory must not keep growing through an epoch (copy-on-read, or a cache without a bound).
+
+    Measured as anonymous memory, what a worker allocated itself (objects, copies, buffers):
+    RSS, and even USS, would also count the file pages it maps (a cache read by every worker
+    lives once in the page cache).
+    """
     if num_workers == 0:
         return Check("worker memory growth", OK, "n/a (num_workers=0)")
     loader = build_loader(dataset, _variant(cfg, num_workers=num_workers, persistent_workers=True), "train")
@@ -141,8 +146,7 @@ def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Ch
         set_epoch(loader, epoch)
         for batch in loader:
             del batch
-            rss = [w.memory_info().rss for w in worker_processes()]
-            samples.append(max(rss, default=0))
+            samples.append(max((anonymous_bytes(w) for w in worker_processes()), default=0))
             if len(samples) >= batches:
                 break
         if len(samples) >= batches:
@@ -159,6 +163,18 @@ def check_worker_memory(cfg, dataset, num_workers: int, batches: int = 60) -> Ch
     if grown_mb > 16:
         return Check("worker memory growth", WARN, value, advice)
     return Check("worker memory growth", OK, value)
+
+
+def anonymous_bytes(process: psutil.Process) -> int:
+    """Memory the process allocated itself, not the files it maps (Linux; elsewhere its USS)."""
+    try:
+        with open(f"/proc/{process.pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return process.memory_full_info().uss
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -39,6 +39,8 @@ class DataConfig(TaskConfig, SourceConfig):
 
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
     bad_sample_budget: int = 10
+    # A cache written by `pack --to cache` to train from instead of data.root ("" = none).
+    cache: str = ""
 
     def __post_init__(self) -> None:
         SourceConfig.__post_init__(self)

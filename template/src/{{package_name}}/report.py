@@ -30,6 +30,12 @@ def summary(report: dict) -> str:
     if "epoch_switch_s" in report:
         s = report["epoch_switch_s"]
         lines.append(f"epoch switch: {s['persistent']:.3f} s with persistent workers, {s['fresh']:.3f} s without")
+    if "cache" in report:
+        c = report["cache"]
+        lines.append(
+            f"cache: {c['speedup']:.1f}x the source ({c['cache_samples_per_s']:.0f} against "
+            f"{c['source_samples_per_s']:.0f} samples/s at the chosen setting)"
+        )
     if "pin_memory_samples_per_s" in report:
         lines.append(f"host-to-device samples/s by pin_memory: {report['pin_memory_samples_per_s']}")
     if "stall" in report:

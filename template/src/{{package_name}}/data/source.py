@@ -73,21 +73,22 @@ class Source(abc.ABC):
     def fingerprint(self) -> dict:
         """What identifies this data: tuned loader settings are kept per fingerprint."""
 
-    @abc.abstractmethod
     def identity(self) -> dict:
         """This split's data in enough detail to tell that a cache made from it is stale.
 
         Costlier than :meth:`fingerprint` (it may look at every file): ``pack --to cache``
-        records it, and training from a cache compares it (see data/cache.py).
+        records it, and training from a cache compares it (see data/cache.py). Optional, as
+        :meth:`records` is: only ``pack --to cache`` needs them.
         """
+        raise NotImplementedError(f"{type(self).__name__} has no identity(): `pack --to cache` needs one")
 
-    @abc.abstractmethod
     def records(self, start=None) -> Iterator[tuple]:
         """Every sample of this process's share, undecoded, in a fixed order, from cursor ``start``.
 
         Yields ``(key, label, bytes or the Exception reading them, cursor)``; passing a row's
         cursor (a JSON value) as ``start`` continues after that row (``pack`` resumes so).
         """
+        raise NotImplementedError(f"{type(self).__name__} has no records(): `pack --to cache` needs them")
 
     def planned_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches every rank yields this epoch: the fewest of any rank; ``None`` if unknown.
