@@ -162,23 +162,25 @@ def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> N
     }
 
 
-# Names that only the code of one answer uses: (question, the answers that may use them, patterns).
+# Names that only the code of one answer uses: (question, the answers that may use them, patterns);
+# "source" is the data source with the stream's backend in its place (folder, sqlite, http, shards).
 VARIANT_MARKERS = [
     ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
-    ("stream_backend", {"http"}, [r"\bhttp", r"base64"]),
+    ("stream_backend", {"http"}, [r"base64"]),
+    ("source", {"http", "shards"}, [r"\bhttp"]),  # shards may be read from http(s) URLs
     ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json"]),
     ("data_source", {"stream", "shards"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
     ("data_source", {"folder"}, [r"FolderSource"]),
     ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
     ("data_format", {"image"}, [r"image_size", r"decode_image", r"jpe?g", r"RandomResizedCrop"]),
-    ("data_format", {"tensor"}, [r"\.npy", r"allow_pickle"]),
+    ("data_format", {"tensor"}, [r"(?<![a-z])\.npy", r"allow_pickle"]),  # not a cache's index.npy
     ("data_format", {"sequence"}, [r"max_len", r"\btoken", r"utf-8 text"]),
 ]
 EXPECTED_DATA_MODULES = {
     "folder": {"folder.py", "folder_index.py", "sample.py"},
     "sqlite": {"sqlite.py", "database.py", "iterable.py", "sample.py"},
     "http": {"http.py", "database.py", "serve.py", "iterable.py", "sample.py"},
-    "shards": {"shards.py", "folder_index.py", "iterable.py", "sample.py"},
+    "shards": {"shards.py", "shard_reader.py", "folder_index.py", "iterable.py", "sample.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",
@@ -200,7 +202,7 @@ def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:
     assert modules == EXPECTED_DATA_MODULES[source] | COMMON_DATA_MODULES
     problems = []
     for question, allowed, patterns in VARIANT_MARKERS:
-        if project.answers.get(question) in allowed:
+        if (source if question == "source" else project.answers.get(question)) in allowed:
             continue
         for rel, content in project.files.items():
             if rel.startswith(("src/", "configs/")):
