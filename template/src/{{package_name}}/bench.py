@@ -203,6 +203,7 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
 
 def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
     """The model's training step on a real batch, on the training device, against the loader."""
+    from .compute import make_optimizer, setup_compute
     from .model import build_model
     from .train import train_step
 
@@ -210,12 +211,12 @@ def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
     model = build_model(cfg, dataset.num_classes, dataset.task.sample_shape).to(device)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    amp = device.type == "cuda" and cfg.train.amp in (True, "auto")
+    compute = setup_compute(cfg.train.amp, device, model)
+    optimizer = make_optimizer(model, 1e-3, 0.0, device)
     times = []
     for i in range(12):  # 3 warm-up steps, 9 timed
         start = time.perf_counter()
-        train_step(model, dataset.task, optimizer, batch, device, amp)
+        train_step(model, dataset.task, optimizer, batch, compute)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= 3:

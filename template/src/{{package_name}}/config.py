@@ -111,7 +111,7 @@ class TrainConfig:
     log_every: int = 50
     # Stop each epoch after this many batches (0 = the whole epoch); for smoke runs.
     max_batches: int = 0
-    # bf16 autocast on CUDA; auto = on when training on a GPU.
+    # Mixed precision on a GPU (bf16 where native, else fp16 with loss scaling; compute.py); auto = on.
     amp: Union[bool, str] = AUTO  # noqa: UP007
 
     def __post_init__(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -15,8 +16,9 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as torch_dist
 
-from .errors import Stalled
+from .errors import Stalled, UserError
 
+log = logging.getLogger(__name__)
 _cpu_group = None  # a gloo group for small host-side agreements (the default group when it is gloo)
 _store = None  # the job's key-value store (torchrun's), this attempt's keys only
 _timeout_s = 0
@@ -67,12 +69,30 @@ def is_main_process() -> bool:
 
 
 def pick_device(num_gpus: int) -> torch.device:
-    """``cuda:<LOCAL_RANK>`` when GPUs were asked for and exist, else the CPU."""
-    if num_gpus > 0 and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+    """``cuda:<LOCAL_RANK>`` when GPUs were asked for and exist, else the CPU.
+
+    A local rank without a GPU of its own is an error naming the visible GPUs; one process
+    on a machine of several GPUs (plain ``train``, not ``launch``) says it uses one.
+    """
+    if num_gpus == 0 or not torch.cuda.is_available():
+        return torch.device("cpu")
+    visible = torch.cuda.device_count()
+    check_gpus(local_world_size(), visible)
+    if not is_torchrun() and visible > 1 and num_gpus > 1:
+        log.warning("training on cuda:0 alone of %d GPUs: `launch -- train` uses %d", visible, min(visible, num_gpus))
+    device = torch.device("cuda", local_rank())
+    torch.cuda.set_device(device)
+    return device
+
+
+def check_gpus(processes: int, visible: int) -> None:
+    """Refuse more processes per node than GPUs visible (each process takes the GPU of its local rank)."""
+    if processes > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise UserError(
+            f"{processes} processes per node but {visible} GPU(s) visible (CUDA_VISIBLE_DEVICES={shown}): "
+            f"launch --nproc-per-node {visible}, or make more GPUs visible"
+        )
 
 
 def setup(backend: str, timeout_s: int, device: torch.device) -> bool:

@@ -14,7 +14,10 @@ import argparse
 import os
 import sys
 
-from . import project
+import torch
+
+from . import dist, project
+from .errors import UserError
 
 COMMANDS = ("train", "bench")
 
@@ -85,7 +88,13 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     options, command = split_argv(argv)
-    cmd = torchrun_command(parser().parse_args(options), command)
+    args = parser().parse_args(options)
+    if project.NUM_GPUS > 0 and torch.cuda.is_available():
+        try:  # before any process starts: a rank without a GPU would fail with "invalid device ordinal"
+            dist.check_gpus(args.nproc_per_node, torch.cuda.device_count())
+        except UserError as e:
+            raise SystemExit(f"error: {e}") from None
+    cmd = torchrun_command(args, command)
     print("+ " + " ".join(cmd), flush=True)
     # torchrun takes this process's place (same pid): a SIGTERM from a scheduler or a Ctrl-C
     # reaches torchrun itself, which stops every rank it started. A parent that only waited

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from . import dist, project
 from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_workers, resume, run_dir_lock, save
+from .compute import Compute, make_optimizer, setup_compute
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
@@ -65,11 +66,12 @@ def fit(cfg, device: torch.device) -> list[dict]:
     task = train_set.task
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)
+    compute = setup_compute(cfg.train.amp, device, model)
+    log.info("training on %s in %s%s", device, compute.precision, " (channels_last)" if compute.channels_last else "")
     ddp_model = model
     if dist.is_distributed():
         ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    amp = device.type == "cuda" and cfg.train.amp in (True, "auto")
+    optimizer = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, device)
     checkpoint = functools.partial(save, cfg, run_dir, model, optimizer, train_loader, device)
 
     progress = Progress()
@@ -88,12 +90,12 @@ def fit(cfg, device: torch.device) -> list[dict]:
         set_epoch(train_loader, epoch)
         planned = plan_epoch(train_loader, cfg, progress)
         train_stats = train_one_epoch(
-            ddp_model, task, optimizer, train_loader, device, cfg, progress, planned, budget, amp, checkpoint
+            ddp_model, task, optimizer, train_loader, compute, cfg, progress, planned, budget, checkpoint
         )
         if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
             progress.epoch_batches = progress.batch
             progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
-        val_stats = evaluate(model, task, val_loader, device, amp, budget)
+        val_stats = evaluate(model, task, val_loader, compute, budget)
         progress.epoch, progress.batch = epoch + 1, 0
         checkpoint(progress, mid_epoch=False)
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
@@ -158,13 +160,14 @@ def plan_epoch(loader, cfg, progress: Progress) -> int | None:
 
 
 def train_one_epoch(
-    model, task, optimizer, loader, device, cfg, progress: Progress, planned, budget, amp: bool, checkpoint
+    model, task, optimizer, loader, compute: Compute, cfg, progress: Progress, planned, budget, checkpoint
 ) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
     Returns the mean loss and the number of samples over all ranks, and the seconds taken.
     """
     model.train()
+    device = compute.device
     start = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     samples, last = 0, None
@@ -188,7 +191,7 @@ def train_one_epoch(
             continue  # one process has no replica to keep in step: no stand-in step
         batch, n, last = trainable(batch, last, spare)
         set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.train.lr))
-        loss = train_step(model, task, optimizer, batch, device, amp, weight=1.0 if n else 0.0)
+        loss = train_step(model, task, optimizer, batch, compute, weight=1.0 if n else 0.0)
         loss_sum += loss * n
         samples, progress.step = samples + n, progress.step + 1
         guard.record(loss, progress, batch["key"])
@@ -276,19 +279,18 @@ class FiniteGuard:
         self.flags.fill_(True)
 
 
-def train_step(model, task, optimizer, batch: dict, device, amp: bool, weight: float = 1.0) -> torch.Tensor:
+def train_step(model, task, optimizer, batch: dict, compute: Compute, weight: float = 1.0) -> torch.Tensor:
     """Forward, backward and an optimizer step on one batch; returns the (detached) mean loss.
 
     ``weight=0`` is a stand-in step: it takes part in DDP's all-reduce with zero gradients, so
     every rank takes the same steps.
     """
-    inputs, target = task.to_device(batch, device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+    inputs, target = compute.inputs(task, batch)
+    with compute.autocast():
         logits = model(*inputs)
     loss = task.loss(logits, target)
     optimizer.zero_grad(set_to_none=True)
-    (loss * weight).backward()
-    optimizer.step()
+    compute.backward_and_step(loss * weight, optimizer)
     return loss.detach()
 
 
@@ -330,17 +332,17 @@ def spare_batch(dataset) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model, task, loader, device, amp: bool, budget: BadSampleBudget) -> dict:
+def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget) -> dict:
     """Validation loss, accuracy and sample count over all ranks (each sample once)."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss x n, correct, n
+    sums = torch.zeros(3, dtype=torch.float64, device=compute.device)  # loss x n, correct, n
     for batch in batches(loader, "val"):
         budget.update(batch["bad"])
         n = len(batch["key"])
         if n == 0:
             continue  # every sample of the batch was bad
-        inputs, target = task.to_device(batch, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        inputs, target = compute.inputs(task, batch)
+        with compute.autocast():
             logits = model(*inputs)
         sums[0] += task.loss(logits, target) * n
         sums[1] += task.correct(logits, target)
