@@ -128,6 +128,20 @@ def test_ruff_format(project: Rendered) -> None:
     assert result.returncode == 0, f"ruff format --check failed:\n{tail(result.stdout)}"
 
 
+def test_gpu_smoke_script_only_with_gpus(project: Rendered) -> None:
+    script = project.path / "scripts" / "gpu_smoke.sh"
+    if project.answers["num_gpus"] == 0:
+        assert not script.exists(), "scripts/gpu_smoke.sh rendered without GPUs"
+        if project.answers["num_nodes"] == 1:
+            assert not (project.path / "scripts").exists(), "an empty scripts/ folder"
+        return
+    text = script.read_text(encoding="utf-8")
+    assert f"python -m {project.package} launch" not in text and "run launch --nproc-per-node" in text
+    assert 'set_sync_debug_mode("warn")' in text
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert syntax.returncode == 0, f"scripts/gpu_smoke.sh is not valid bash:\n{syntax.stderr}"
+
+
 def test_slurm_script_only_for_several_nodes(project: Rendered) -> None:
     script = project.path / "scripts" / "slurm.sbatch"
     if project.answers["num_nodes"] == 1:

@@ -85,9 +85,10 @@ def run(args: argparse.Namespace) -> int | None:
         from .report import summary, table
 
         report = run_bench(cfg, build_dataset(cfg, "train"), quick=args.quick, budget_s=args.budget_s)
-        print(table(report))
-        print(summary(report))
-        print(f"saved to {cfg.loader.tuned or '(nowhere: loader.tuned is empty)'}")
+        if dist.is_main_process():
+            print(table(report))
+            print(summary(report))
+            print(f"saved to {cfg.loader.tuned or '(nowhere: loader.tuned is empty)'}")
     elif args.command == "train":
         from .train import main as train
 

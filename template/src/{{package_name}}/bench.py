@@ -64,22 +64,26 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
     Args:
         loader: the DataLoader to time.
         batches (int): batches timed after ``warmup`` untimed ones.
-        device (torch.device, optional): also copy each batch there (``non_blocking``), as training does.
+        device (torch.device, optional): also copy each batch there as training does: queued
+            (``non_blocking``) with a kernel reading it, the host waiting for the device only
+            at the end, so copies overlap the loading of the next batches.
 
     Returns samples/s, ms per batch (median, p90), seconds to the first batch of the first
     epoch, and peak RSS (MB) of the main process and of the largest worker.
     """
     times, samples, epoch, first_batch_s, peak = [], 0, 0, None, (0.0, 0.0)
+    sink = torch.zeros((), device=device) if device is not None else None
+    timed_from = None
     while len(times) < batches + warmup:
         set_epoch(loader, epoch)
         start = last = time.perf_counter()
         got = 0
         for batch in loader:
-            if device is not None:
-                batch["input"].to(device, non_blocking=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+            if sink is not None:
+                sink += batch["input"].to(device, non_blocking=True).float().mean()
             now = time.perf_counter()
+            if len(times) == warmup:
+                timed_from = last
             if first_batch_s is None:
                 first_batch_s = now - start
             times.append(now - last)
@@ -96,6 +100,9 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
     peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
     timed = sorted(times[warmup:])
     total = sum(timed)
+    if sink is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)  # the copies still queued count too
+        total = time.perf_counter() - timed_from
     return {
         "samples_per_s": round(samples / total, 1) if total > 0 else float("inf"),
         "ms_per_batch": round(1000 * statistics.median(timed), 2),
@@ -109,7 +116,7 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
 def worker_counts(quick: bool, dataset=None) -> list[int]:
     """num_workers to try, ascending: 0 (the baseline) up to the usable CPUs of this process,
     and no more than the source can feed (Source.max_workers)."""
-    most = max(1, dist.usable_cpus() // dist.local_world_size())
+    most = max(1, dist.usable_cpus() // dist.processes_per_node())
     if isinstance(dataset, Source) and dataset.max_workers() is not None:
         most = max(1, min(most, dataset.max_workers()))
     if quick:
@@ -302,7 +309,8 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
             )["samples_per_s"]
             for pin in (False, True)
         }
-        tuned["pin_memory"] = copy_rate[True] > (1 + TOLERANCE) * copy_rate[False]
+        # Pinned memory lets copies run alongside the step; it stays on unless measured slower.
+        tuned["pin_memory"] = not copy_rate[False] > (1 + TOLERANCE) * copy_rate[True]
         report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
@@ -310,9 +318,10 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
         report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
-    if cfg.loader.tuned:
-        write_tuned(cfg.loader.tuned, report["fingerprint"], tuned)
-    write_reports(Path(cfg.train.run_dir) / "bench", report)
+    if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
+        if cfg.loader.tuned:
+            write_tuned(cfg.loader.tuned, report["fingerprint"], tuned)
+        write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
 
 

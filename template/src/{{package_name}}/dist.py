@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as torch_dist
 
+from . import project
 from .errors import Stalled, UserError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,18 @@ def local_rank() -> int:
 def local_world_size() -> int:
     """Processes on this node (they share its CPUs for DataLoader workers)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def processes_per_node() -> int:
+    """The training processes this node runs, which share its CPUs for loader workers.
+
+    Under torchrun, those it started; otherwise those ``launch`` would start (one per GPU the
+    answers name), so a plain ``bench`` tunes for the run that follows it, and its settings
+    match that run's.
+    """
+    if is_torchrun():
+        return local_world_size()
+    return max(1, project.NUM_GPUS)
 
 
 def usable_cpus() -> int:

@@ -58,7 +58,7 @@ def write_reports(out: Path, report: dict) -> None:
         "# Data-loading benchmark",
         "",
         f"Loader alone on `{fp['data']['root']}` ({_describe(fp['source'])}), "
-        f"batch size {report['batch_size']}, {fp['cpus']} CPUs, local world size {fp['local_world_size']}, "
+        f"batch size {report['batch_size']}, {fp['cpus']} CPUs, {fp['processes_per_node']} process(es) per node, "
         f"torch {fp['torch']}. Chosen: the cheapest setting with workers within 5% of the best; "
         "0 workers is the baseline (loading in the training process cannot overlap the step).",
         "",

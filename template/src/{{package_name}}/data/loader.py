@@ -65,7 +65,7 @@ def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
         value = getattr(c, name)
         return value if value != "auto" else tuned.get(name, fallback)
 
-    num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.local_world_size()))
+    num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.processes_per_node()))
     if not isinstance(dataset, IterableDataset):
         num_workers = min(num_workers, len(dataset))
     elif c.num_workers == "auto" and isinstance(dataset, Source) and dataset.max_workers() is not None:

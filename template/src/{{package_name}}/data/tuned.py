@@ -29,7 +29,7 @@ def fingerprint(cfg, dataset) -> dict:
         "source": dataset.fingerprint() if isinstance(dataset, Source) else type(dataset).__name__,
         "batch_size": cfg.loader.batch_size,
         "cpus": dist.usable_cpus(),
-        "local_world_size": dist.local_world_size(),
+        "processes_per_node": dist.processes_per_node(),
         "torch": str(torch.__version__),
     }
 
