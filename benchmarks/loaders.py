@@ -1,0 +1,302 @@
+"""Every loader side by side, alternating, on photos of realistic size; writes a table and a chart.
+
+    .venv/bin/python benchmarks/loaders.py [--images 2400] [--rounds 3] [--out benchmarks/results]
+
+Renders an image project per source (folder, shards, stream/sqlite) from this checkout
+(uncommitted changes included, as copier does for a dirty local template), then on the same
+data measures, at 224 px crops from 400-600 px JPEG photos (photos.py):
+
+    the rendered folder loader, its cache loader (``pack --to cache``, ``data.cache=``),
+    the rendered shards loader on local shards and over loopback HTTP (``python -m http.server``),
+    torchvision ``ImageFolder`` + DataLoader with the same crop and flip (two decoders),
+    a plain ``webdataset.WebDataset`` pipeline, and the limit of each rendered source: one
+    process's per-sample work (read, decode, crop, flip) x usable cores;
+
+at 64 px on each project's own ``sample-data``: folder, stream/sqlite, shards, plain WebDataset;
+and full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop. Every loader has
+the same num_workers, prefetch_factor 2, persistent workers and batch size. Each measurement is
+its own process (probe.py); a round runs every row once, the rounds start at a different row,
+and the report gives each row's median and each ratio's median over the rounds' side-by-side
+pairs, so other jobs on the machine slow all rows alike. Each run also reads its processes'
+CPU time against the whole machine's (the load of other jobs), and the folder and cache loaders'
+runs their workers' memory over their first epoch. Writes ``OUT/loaders.md`` (tables, goals,
+machine), ``OUT/loaders.png`` and ``OUT/loaders.json`` (every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import chart  # noqa: E402 (beside this script)
+import photos  # noqa: E402
+import report  # noqa: E402
+import results  # noqa: E402
+
+REPO = HERE.parent
+PACKAGE = "bench_project"
+SOURCES = ("folder", "shards", "stream")
+
+
+@dataclass
+class Row:
+    """One line of the report: what runs (``spec`` for probe.py) and, per round, what it measured."""
+
+    name: str
+    group: str  # "224": loaders at 224 px, "limit": their limits, "64": loaders at 64 px, "decode"
+    spec: dict
+    project: str | None = None  # the rendered project on PYTHONPATH (None: plain torchvision/webdataset)
+    pending: str = ""  # why it cannot run yet (reported, not run)
+    runs: list = field(default_factory=list)  # a result dict per round, or None where it failed
+    errors: list = field(default_factory=list)
+
+
+def render(dest: Path, source: str) -> Path:
+    from copier import run_copy
+    from copier.errors import DirtyLocalWarning
+
+    answers = {"project_name": "bench project", "data_source": source, "data_format": "image"}
+    if source == "stream":
+        answers["stream_backend"] = "sqlite"
+    # vcs_ref HEAD of a dirty local checkout: copier commits the working tree in its clone first
+    # (and warns that it did: that is the point here).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DirtyLocalWarning)
+        run_copy(str(REPO), str(dest), data=answers, defaults=True, vcs_ref="HEAD", quiet=True, skip_tasks=True)
+    return dest
+
+
+def project_env(project: Path | None) -> dict:
+    return {**os.environ, "PYTHONPATH": str(project / "src") if project else "", "PYTHONWARNINGS": "ignore"}
+
+
+def command(project: Path, argv: list[str], cwd: Path) -> str:
+    """Run ``python -m bench_project ARGV`` of ``project``; returns "" or why it failed (its last lines)."""
+    out = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *argv], cwd=cwd, env=project_env(project), capture_output=True, text=True
+    )
+    if out.returncode == 0:
+        return ""
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    return " / ".join(lines[-2:])[-300:] or f"exit status {out.returncode}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(directory: Path) -> tuple[subprocess.Popen, int]:
+    """``python -m http.server`` on loopback over ``directory``; returns it and its port once it answers."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("HEAD", "/")
+            conn.getresponse()
+            conn.close()
+            return server, port
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit(f"the loopback HTTP server on port {port} did not answer")
+
+
+def task_lacks(project: Path, method: str) -> bool:
+    """Whether the rendered image task has no method ``method`` (a part another change brings)."""
+    task = (project / "src" / PACKAGE / "task.py").read_text(encoding="utf-8")
+    return not re.search(rf"\n    def {method}\(", task)
+
+
+def prepare(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    """Render the projects and write the data; returns the projects and the data's paths.
+
+    ``data["failed"]`` maps the path of what could not be written to why: the rows reading it
+    are reported as pending.
+    """
+    t0 = time.perf_counter()
+    projects = {s: render(work / f"project-{s}", s) for s in SOURCES}
+    print(f"rendered {', '.join(SOURCES)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    data: dict = {"photos": work / "photos", "shards224": work / "www" / "shards224", "cache224": work / "cache224"}
+    data["failed"] = failed = {}
+    size = photos.write_photos(data["photos"], args.images, max(photos.CLASSES, args.images // 10))
+    data["photo_mb"] = size / 1e6
+    print(f"wrote {args.images} train photos ({size / 1e6:.0f} MB with val) in {time.perf_counter() - t0:.0f} s")
+    argv = ["pack", "--to", "shards", "--src", str(data["photos"]), "--out", str(data["shards224"])]
+    argv += ["--max-samples", str(max(1, -(-args.images // args.shards))), "data.image_size=224"]
+    if why := command(projects["shards"], argv, work):
+        failed[str(data["shards224"])] = f"`pack --to shards` fails: {why}"
+    lacking = [m for m in ("decode_for_cache", "from_cache") if task_lacks(projects["folder"], m)]
+    if lacking:
+        failed[str(data["cache224"])] = f"the image task has no {' or '.join('Task.' + m for m in lacking)} yet"
+    else:
+        argv = ["pack", "--to", "cache", "--out", str(data["cache224"]), f"data.root={data['photos']}"]
+        if why := command(projects["folder"], [*argv, "data.image_size=224"], work):
+            failed[str(data["cache224"])] = f"`pack --to cache` fails: {why}"
+        else:
+            data["cache_mb"] = sum(f.stat().st_size for f in (data["cache224"] / "train").iterdir()) / 1e6
+    print(f"packed shards and the cache in {time.perf_counter() - t0:.0f} s", flush=True)
+    for source in SOURCES:  # each project's own sample-data: the same images
+        out = data[f"small_{source}"] = work / ("small.sqlite" if source == "stream" else f"small-{source}")
+        argv = ["sample-data", "--per-class", str(args.small_per_class), "--out", str(out), "data.image_size=64"]
+        if why := command(projects[source], argv, work):
+            failed[str(out)] = f"`sample-data` of the {source} project fails: {why}"
+    data["large"] = [str(p) for p in photos.write_large(work / "large", args.large)]
+    print(f"data ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    return projects, data
+
+
+def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]:
+    """The report's rows, in the order a round runs them (each round starts one further on)."""
+    common = {"workers": args.workers, "batch_size": args.batch_size, "seconds": args.seconds}
+    photo_root, shards_root = str(data["photos"]), str(data["shards224"])
+    folder = [f"data.root={photo_root}", "data.image_size=224"]
+    cache = [*folder, f"data.cache={data['cache224']}"]
+    shards = [f"data.root={shards_root}", "data.image_size=224"]
+    remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
+
+    def small(source: str) -> list[str]:
+        return [f"data.root={data['small_' + source]}", "data.image_size=64"]
+
+    def loader(name, group, project, overrides, **extra) -> Row:
+        return Row(name, group, {"kind": "loader", "overrides": overrides, **common, **extra}, project)
+
+    def plain(name, kind, root, size, **extra) -> Row:
+        return Row(name, "224" if size == 224 else "64", {"kind": kind, "root": root, "size": size, **common, **extra})
+
+    def decode(name, mode, **extra) -> Row:
+        spec = {"kind": "decode", "mode": mode, "files": data["large"], "size": 224, "seconds": args.seconds}
+        return Row(name, "decode", {**spec, **extra}, "folder")
+
+    rows = [
+        loader("folder (rendered)", "224", "folder", folder, memory=True),
+        loader("cache (rendered)", "224", "folder", cache, memory=True),
+        loader("shards, local (rendered)", "224", "shards", shards),
+        loader(
+            "shards, loopback HTTP (rendered)", "224", "shards", remote, extra_pids=[server[0].pid], needs=shards_root
+        ),
+        plain("ImageFolder: decode_image, v2 on tensors", "imagefolder", photo_root, 224, decoder="tensor"),
+        plain("ImageFolder: PIL loader, v2 on PIL", "imagefolder", photo_root, 224, decoder="pil"),
+        plain("plain webdataset.WebDataset", "webdataset", shards_root, 224),
+        Row("folder limit", "limit", {"kind": "limit", "overrides": folder, **common}, "folder"),
+        Row("cache limit", "limit", {"kind": "limit", "overrides": cache, **common}, "folder"),
+        Row("shards limit", "limit", {"kind": "limit", "overrides": shards, **common}, "shards"),
+        loader("folder (rendered)", "64", "folder", small("folder")),
+        loader("stream/sqlite (rendered)", "64", "stream", small("stream")),
+        loader("shards (rendered)", "64", "shards", small("shards")),
+        plain("plain webdataset.WebDataset", "webdataset", str(data["small_shards"]), 64),
+        decode("full decode (decode_image) + crop", "full"),
+        decode("the task's train decode (reduced scale) + crop", "task"),
+        decode("reduced-scale decode to >= 256 px + crop", "task", min_side=256),
+    ]
+    for row in rows:
+        spec = json.dumps(row.spec)
+        row.pending = next((why for path, why in data["failed"].items() if json.dumps(path)[1:-1] in spec), "")
+    return rows
+
+
+def run_probe(row: Row, projects: dict, work: Path) -> dict:
+    """One measurement of ``row`` in its own process; raises RuntimeError with its error output."""
+    project = projects[row.project] if row.project else None
+    out = subprocess.run(
+        [sys.executable, str(HERE / "probe.py"), json.dumps(row.spec)],
+        cwd=work,
+        env=project_env(project),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        tail = [line for line in out.stderr.strip().splitlines() if line.strip()][-3:]
+        raise RuntimeError(" / ".join(tail)[-400:] or f"exit status {out.returncode}")
+    return json.loads(lines[-1])
+
+
+def measure(rows: list[Row], projects: dict, work: Path, rounds: int) -> None:
+    """Run every row once per round, each round starting one row further on."""
+    active = [r for r in rows if not r.pending]
+    for k in range(rounds if active else 0):
+        t0 = time.perf_counter()
+        for row in active[k % len(active) :] + active[: k % len(active)]:
+            try:
+                result = run_probe(row, projects, work)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                row.errors.append(str(e))
+                result = None
+            while len(row.runs) < k:
+                row.runs.append(None)
+            row.runs.append(result)
+            speed = f"{result['samples_per_s']:.0f} samples/s" if result else f"failed: {row.errors[-1][:200]}"
+            print(f"  round {k + 1}: {row.group:>6} {row.name}: {speed}", flush=True)
+        print(f"round {k + 1} of {rounds} in {time.perf_counter() - t0:.0f} s", flush=True)
+    for row in active:  # a row failing every round is pending, with its error
+        if not any(row.runs):
+            row.pending = f"fails: {row.errors[-1]}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=2400, help="train photos, 400-600 px (val: a tenth)")
+    p.add_argument("--out", default=str(HERE / "results"), help="where loaders.md, .png and .json go")
+    p.add_argument("--rounds", type=int, default=3, help="runs of every row; medians are reported")
+    p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per run (after the warm-up)")
+    p.add_argument("--workers", type=int, default=2, help="num_workers of every loader")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--shards", type=int, default=16, help="train shards the photos are packed into")
+    p.add_argument("--small-per-class", type=int, default=500, help="64 px sample-data per class (4 classes)")
+    p.add_argument("--large", type=int, default=6, help="3000 x 2250 JPEGs for the decode rows")
+    p.add_argument("--work", default=None, help="keep the projects and data here (default: a temporary folder)")
+    args = p.parse_args()
+    start = time.perf_counter()
+    work = Path(args.work or tempfile.mkdtemp(prefix="torchfeed-bench-"))
+    if args.work and work.exists() and any(work.iterdir()):
+        raise SystemExit(f"--work {work} is not empty (expected a new or empty folder)")
+    work.mkdir(parents=True, exist_ok=True)
+    server = None
+    try:
+        projects, data = prepare(work, args)
+        server = serve(work / "www")
+        rows = build_rows(data, args, server)
+        measure(rows, projects, work, args.rounds)
+    finally:
+        if server is not None:
+            server[0].kill()
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "work")}
+    settings |= {"photo_mb": data["photo_mb"], "cache_mb": data.get("cache_mb"), "run_s": time.perf_counter() - start}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = results.collect(rows, settings, REPO)
+    every_run = json.dumps(result, indent=1).replace(str(work), "$WORK")  # the temporary folder's name is noise
+    (out / "loaders.json").write_text(every_run + "\n", encoding="utf-8")
+    (out / "loaders.md").write_text(report.markdown(result), encoding="utf-8")
+    chart.draw(result, out / "loaders.png")
+    print(f"wrote {out}/loaders.md, loaders.png and loaders.json in {settings['run_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

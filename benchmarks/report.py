@@ -1,0 +1,171 @@
+"""The loader benchmark's report as Markdown: the machine, the tables, the goals, what is pending.
+
+``markdown`` renders what ``results.collect`` gathered (``loaders.json`` holds the same dict).
+"""
+
+from __future__ import annotations
+
+from results import FLAT_MB
+
+
+def _n(value, spec: str = ".0f", none: str = "–") -> str:
+    return none if value is None else format(value, spec)
+
+
+def _x(value) -> str:
+    return _n(value, ".2f") + ("x" if value is not None else "")
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _speed_cells(row: dict) -> list[str]:
+    if row["pending"]:
+        return ["pending", "–"]
+    low, high = row["range"] or (None, None)
+    return [_n(row["median"]), f"{_n(low)}–{_n(high)}"]
+
+
+def _table(header: list[str], lines: list[list[str]], numbers: int | None = None) -> list[str]:
+    """A Markdown table; the columns after the first, or the first ``numbers`` of them, align right."""
+    right = len(header) - 1 if numbers is None else numbers
+    align = ["---"] + ["---:"] * right + ["---"] * (len(header) - 1 - right)
+    return ["| " + " | ".join(cells) + " |" for cells in (header, align, *lines)]
+
+
+def markdown(result: dict) -> str:
+    """The report as Markdown: the machine, the tables, the goals, what is pending."""
+    m, s, cores, other = result["machine"], result["settings"], result["cores"], result["other_load"]
+    group = {g: [r for r in result["rows"] if r["group"] == g] for g in ("224", "limit", "64", "decode")}
+    text = [
+        "# Loader benchmark",
+        "",
+        f"Measured {m['date']} on {m['cpu']}, {cores} usable cores, {m['memory_gb']} GB; Python {m['python']}, "
+        f"torch {m['torch']}, torchvision {m['torchvision']}, webdataset {m['webdataset']}, Pillow {m['pillow']}; "
+        f"template {m['template']}. Written by `benchmarks/loaders.py` in {s['run_s'] / 60:.1f} min.",
+        "",
+        f"Every loader: batch {s['batch_size']}, num_workers {s['workers']}, prefetch_factor 2, persistent workers, "
+        "the same random-resized crop (scale 0.35-1) and flip on uint8 tensors. Each run is its own process, timed "
+        f"for {s['seconds']:g} s after 3 warm-up batches, across epoch ends. {s['rounds']} rounds alternate the "
+        "rows (each round runs every row once, starting one row further on): a row's value is its median, a "
+        "ratio the median of the two rows' ratios within each round, so other jobs' load affects a round's "
+        "rows alike.",
+    ]
+    if other:
+        load = f"{other['median']:.1f} of the {cores} cores busy"
+        load += f" (median over the timed windows, at most {other['max']:.1f})"
+        if other["median"] < 0.25:
+            text[-1] += f" Other jobs were nearly idle: {load}."
+        else:
+            text[-1] += (
+                f" Other jobs kept {load}: absolute numbers are low by about that share, and a single-process limit "
+                "suffers less from it than a loader needing every core."
+            )
+        text[-1] += (
+            " The tables also give samples per CPU-second (of all the run's processes), and the goals each ratio "
+            "per CPU-second: how the rows compare with the cores they got."
+        )
+    cache = f", {s['cache_mb']:.0f} MB for train" if s.get("cache_mb") else ""
+    text += [
+        "",
+        "## 224 px crops from 400-600 px JPEG photos",
+        "",
+        f"{s['images']} train photos, quality 90 ({s['photo_mb']:.0f} MB with val; `benchmarks/photos.py`), in class "
+        f"folders, packed into {s['shards']} shards (`pack --to shards`) and into the cache (`pack --to cache`: "
+        f"decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two rows in each round.",
+        "",
+    ]
+    header = ["loader", "samples/s", "range", "x folder", "x tuned ImageFolder", "of its limit"]
+    header += ["samples/CPU-s", "of its limit per CPU-s"]
+    lines = [
+        [r["name"], *_speed_cells(r), _x(r.get("x_folder")), _x(r.get("x_imagefolder")), _pct(r.get("of_limit"))]
+        + [_n(r["median_cpu"]), _pct(r.get("of_limit_cpu"))]
+        for r in group["224"]
+    ]
+    text += _table(header, lines)
+    text += ["", f"Limits: one process's per-sample work on the rendered source, no DataLoader, x {cores} cores.", ""]
+    lines = [
+        [r["name"], *_speed_cells(r), _n(r["median"] and r["median"] * cores), _n(r["median_cpu"])]
+        for r in group["limit"]
+    ]
+    text += _table(["limit", "one process, samples/s", "range", f"x {cores} cores", "samples/CPU-s"], lines)
+    text += [
+        "",
+        "## 64 px crops of each project's `sample-data` (64 px images, half JPEG, half PNG)",
+        "",
+        f"{s['small_per_class'] * 4} train images, the same bytes in every source (files, 8 shards, SQLite rows).",
+        "",
+    ]
+    lines = [[r["name"], *_speed_cells(r), _x(r.get("x_folder")), _n(r["median_cpu"])] for r in group["64"]]
+    text += _table(["loader", "samples/s", "range", "x folder", "samples/CPU-s"], lines)
+    text += _decode_section(group["decode"])
+    text += _memory_section(result["memory"], result["folder_memory"], s["workers"])
+    text += ["", "## Goals", ""]
+    verdict = {True: "met", False: "**not met**", None: "pending"}
+    lines = [[g["goal"], g["value"] or "–", verdict[g["met"]], g["note"]] for g in result["goals"]]
+    text += _table(["goal", "measured", "", "note"], lines, numbers=1)
+    pending = [r for r in result["rows"] if r["pending"]]
+    failed = [r for r in result["rows"] if r["errors"] and not r["pending"]]
+    if pending or failed:
+        text += ["", "## Pending and failed runs", ""]
+        text += [f"- {r['name']} ({r['group']}): {r['pending']}" for r in pending]
+        text += [f"- {r['name']} ({r['group']}): {len(r['errors'])} run(s) failed: {r['errors'][-1]}" for r in failed]
+    text += ["", "Rerun: `.venv/bin/python benchmarks/loaders.py` (`--help` lists the settings).", ""]
+    return "\n".join(text)
+
+
+def _decode_section(rows: list[dict]) -> list[str]:
+    first = next((r for row in rows for r in row["runs"] if r), None)
+    bits = (
+        f" ({first['bits_per_pixel']:.1f} bits per pixel, about what a camera JPEG of that size weighs)"
+        if first
+        else ""
+    )
+    text = [
+        "",
+        "## Decoding 3000 x 2250 JPEGs to a 224 crop (one process)",
+        "",
+        f"Quality 90{bits}; each decoded image then gets the train transform. libjpeg's reduced-scale decode "
+        "(PIL draft) skips most of the inverse DCT and colour work, not the entropy decoding, which grows with "
+        "the file's size: the heavier the JPEG, the smaller the gain.",
+        "",
+    ]
+    lines = []
+    for r in rows:
+        run = next((x for x in r["runs"] if x), None)
+        shape = f"{run['decoded'][2]} x {run['decoded'][1]}" if run else "–"
+        lines.append([r["name"], *_speed_cells(r), _n(r["median"] and 1000 / r["median"], ".1f"), shape])
+        lines[-1].append(_x(r.get("x_full")))
+    return text + _table(["", "samples/s", "range", "ms/sample", "decoded to", "x full"], lines)
+
+
+def _memory_section(mem: dict | None, folder: dict | None, workers: int) -> list[str]:
+    text = ["", "## Worker memory while reading the cache", ""]
+    if mem is None:
+        return [*text, "Pending: the cache loader did not run."]
+    text += [
+        "Each loader worker's memory from /proc/<pid>/smaps_rollup at the first batch of its first epoch and at "
+        f"the end of that epoch ({mem['samples']:.0f} samples; {mem['workers']} worker readings over the rounds: "
+        "median MB, and the largest growth of any worker). Anonymous memory is what a worker owns; RSS also "
+        "counts the cache's file pages it has mapped, shared with the other workers through the page cache; PSS "
+        "splits those among them. The folder loader's workers, which map no cache, are the comparison.",
+        "",
+    ]
+    loaders = [("cache", mem, ("anonymous", "pss", "rss"))]
+    loaders += [("folder", folder, ("anonymous", "rss"))] if folder else []
+    lines = [
+        [f"{name} loader: {key}", f"{m[key]['before']:.0f}", f"{m[key]['after']:.0f}", f"{m[key]['max_growth']:+.1f}"]
+        for name, m, keys in loaders
+        for key in keys
+    ]
+    text += _table(["per worker", "first batch (MB)", "end of the epoch (MB)", "largest growth (MB)"], lines)
+    if folder and min(mem["anonymous"]["max_growth"], folder["anonymous"]["max_growth"]) >= FLAT_MB:
+        per_sample = 1024 * mem["anonymous"]["max_growth"] / (mem["samples"] / workers)
+        text += [
+            "",
+            f"Both loaders' workers grow alike, so the growth is not the cache's: about {per_sample:.0f} KB per "
+            "sample a worker produced, near the 147 KB of a 224 px sample: the workers keep memory of the "
+            "batches they sent.",
+        ]
+    return text

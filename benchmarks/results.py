@@ -1,0 +1,193 @@
+"""The loader benchmark's results: medians, side-by-side ratios, goals, memory, the machine.
+
+``collect`` turns the measured rows into one JSON-able dict (``loaders.json``); report.py writes
+it as Markdown and chart.py draws it. A ratio is the median over rounds of the two rows' values
+in the same round (measured minutes apart at most), not the ratio of the medians: drift between
+rounds cancels.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+
+# Which limit row bounds which loader row (224 px).
+LIMITS = {
+    "folder (rendered)": "folder limit",
+    "cache (rendered)": "cache limit",
+    "shards, local (rendered)": "shards limit",
+    "shards, loopback HTTP (rendered)": "shards limit",
+}
+IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
+FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
+
+
+def machine(repo: Path) -> dict:
+    import numpy
+    import PIL
+    import torch
+    import torchvision
+    import webdataset
+
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    dirty = " + uncommitted changes" if git("status", "--porcelain") else ""
+    return {
+        "cpu": model,
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_gb": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "webdataset": getattr(webdataset, "__version__", "?"),
+        "pillow": PIL.__version__,
+        "numpy": numpy.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "template": git("rev-parse", "--short", "HEAD") + dirty,
+    }
+
+
+def _speeds(row: dict, rounds: int) -> list[float | None]:
+    """The row's samples/s in each round (None where it failed or did not run)."""
+    runs = row["runs"] + [None] * (rounds - len(row["runs"]))
+    return [r["samples_per_s"] if r else None for r in runs]
+
+
+def _per_cpu(row: dict, rounds: int) -> list[float | None]:
+    """The row's samples per CPU-second of its own processes in each round."""
+    runs = row["runs"] + [None] * (rounds - len(row["runs"]))
+    return [r["samples_per_s"] / r["own_cores"] if r and r.get("own_cores") else None for r in runs]
+
+
+def _ratio(a: list, b: list, scale: float = 1.0) -> float | None:
+    pairs = [x / (y * scale) for x, y in zip(a, b) if x and y]
+    return statistics.median(pairs) if pairs else None
+
+
+def collect(rows, settings: dict, repo: Path) -> dict:
+    """Everything the report shows, from the measured rows."""
+    cores = len(os.sched_getaffinity(0))
+    out = [
+        {
+            "name": r.name,
+            "group": r.group,
+            "pending": r.pending,
+            "errors": r.errors,
+            "runs": r.runs,
+            "spec": {k: v for k, v in r.spec.items() if k not in ("files", "extra_pids")},
+        }
+        for r in rows
+    ]
+    rounds = settings["rounds"]
+    for row in out:
+        row["speeds"], row["per_cpu"] = _speeds(row, rounds), _per_cpu(row, rounds)
+        measured = [x for x in row["speeds"] if x]
+        row["median"] = statistics.median(measured) if measured else None
+        row["range"] = [min(measured), max(measured)] if measured else None
+    by = {(r["group"], r["name"]): r for r in out}
+    baselines = [r for r in out if r["group"] == "224" and r["name"].startswith(IMAGEFOLDER)]
+    for row in out:
+        measured = [x for x in row["per_cpu"] if x]
+        row["median_cpu"] = statistics.median(measured) if measured else None
+        for key in ("", "_cpu"):
+            values = "per_cpu" if key else "speeds"
+            tuned = [max((b[values][k] for b in baselines if b[values][k]), default=None) for k in range(rounds)]
+            if row["group"] == "224":
+                row["x_folder" + key] = _ratio(row[values], by["224", "folder (rendered)"][values])
+                row["x_imagefolder" + key] = _ratio(row[values], tuned)
+                limit = by.get(("limit", LIMITS.get(row["name"], "")))
+                row["of_limit" + key] = _ratio(row[values], limit[values], 1 if key else cores) if limit else None
+            elif row["group"] == "64":
+                row["x_folder" + key] = _ratio(row[values], by["64", "folder (rendered)"][values])
+    decode = [r for r in out if r["group"] == "decode"]
+    for row in decode[1:]:
+        row["x_full"] = _ratio(row["speeds"], decode[0]["speeds"])
+    result = {"machine": machine(repo), "settings": settings, "rows": out, "cores": cores}
+    result["memory"] = _memory(by["224", "cache (rendered)"])
+    result["folder_memory"] = _memory(by["224", "folder (rendered)"])
+    result["other_load"] = _other_load(out)
+    result["goals"] = _goals(result, by, decode)
+    return result
+
+
+def _memory(row: dict) -> dict | None:
+    """Per cache-loader worker, over one epoch: MB of Anonymous, Pss and Rss before and after."""
+    seen = [r["memory"] for r in row["runs"] if r and r.get("memory")]
+    if not seen:
+        return None
+    workers = [(b, a) for m in seen for b, a in zip(m["before"], m["after"]) if b["pid"] == a["pid"]]
+    if not workers:
+        return None
+
+    def span(key: str) -> dict:
+        return {
+            "before": statistics.median(b[key] for b, _ in workers),
+            "after": statistics.median(a[key] for _, a in workers),
+            "max_growth": max(a[key] - b[key] for b, a in workers),
+        }
+
+    samples = statistics.median(m["samples"] for m in seen)
+    return {"workers": len(workers), "samples": samples, **{key: span(key) for key in ("anonymous", "pss", "rss")}}
+
+
+def _other_load(rows: list[dict]) -> dict | None:
+    """Cores other jobs kept busy while the runs were timed (the machine's busy time minus the run's own)."""
+    other = [max(0.0, r["busy_cores"] - r["own_cores"]) for row in rows for r in row["runs"] if r and "busy_cores" in r]
+    return {"median": statistics.median(other), "max": max(other)} if other else None
+
+
+def _goals(result: dict, by: dict, decode: list[dict]) -> list[dict]:
+    """Each goal of issue 10 with its measured value: met, not met, or pending (and why)."""
+
+    def goal(text: str, row: dict, key: str, target: float, note: str = "") -> dict:
+        value, per_cpu = row.get(key), row.get(key + "_cpu")
+        if value is None:
+            return {"goal": text, "value": None, "met": None, "note": row["pending"] or "pending"}
+
+        def shown(v: float) -> str:
+            return f"{v:.0%}" if key.startswith("of_limit") else f"{v:.2f}x"
+
+        if per_cpu is not None:
+            note = "; ".join(filter(None, [f"{shown(per_cpu)} per CPU-second", note]))
+        return {"goal": text, "value": shown(value), "met": value >= target, "note": note}
+
+    cache, folder = by["224", "cache (rendered)"], by["224", "folder (rendered)"]
+    shards64, shards224 = by["64", "shards (rendered)"], by["224", "shards, local (rendered)"]
+    train, eighth = decode[1], decode[2]
+    first = next((r for r in train["runs"] if r), None)
+    scale = f"the train path decodes to {first['decoded'][2]} x {first['decoded'][1]} here" if first else ""
+    scale += f"; at 1/8 scale: {eighth['x_full']:.2f}x" if eighth.get("x_full") else ""
+    goals = [
+        goal("cache loader >= 4x the folder loader (224 px, 2 workers)", cache, "x_folder", 4),
+        goal("cache loader >= 6x a tuned ImageFolder (224 px)", cache, "x_imagefolder", 6),
+        goal("cache loader >= 80% of its limit", cache, "of_limit", 0.8),
+        goal("folder loader >= 90% of its limit", folder, "of_limit", 0.9),
+        goal("shards >= 0.95x folder at 64 px", shards64, "x_folder", 0.95),
+        goal("shards >= 0.95x folder at 224 px", shards224, "x_folder", 0.95),
+        goal("reduced-scale decode >= 3x full decode (3000 px JPEGs, 224 crop)", train, "x_full", 3, scale),
+    ]
+    memory = result["memory"]
+    text = f"cache workers' anonymous memory flat over an epoch (grows < {FLAT_MB} MB)"
+    if memory is None:
+        goals.append({"goal": text, "value": None, "met": None, "note": cache["pending"] or "pending"})
+    else:
+        growth, folder = memory["anonymous"]["max_growth"], result["folder_memory"]
+        note = f"the folder loader's: {folder['anonymous']['max_growth']:+.1f} MB (see Worker memory)" if folder else ""
+        goals.append({"goal": text, "value": f"{growth:+.1f} MB", "met": growth < FLAT_MB, "note": note})
+    return goals
