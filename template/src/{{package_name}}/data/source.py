@@ -19,6 +19,7 @@ import abc
 from collections.abc import Iterator
 
 from .. import dist
+from ..errors import UserError
 from ..task import Task
 
 
@@ -80,7 +81,7 @@ class Source(abc.ABC):
         records it, and training from a cache compares it (see data/cache.py). Optional, as
         :meth:`records` is: only ``pack --to cache`` needs them.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no identity(): `pack --to cache` needs one")
+        raise UserError(f"{type(self).__name__} defines no identity(), which `pack --to cache` needs")
 
     def records(self, start=None) -> Iterator[tuple]:
         """Every sample of this process's share, undecoded, in a fixed order, from cursor ``start``.
@@ -88,7 +89,7 @@ class Source(abc.ABC):
         Yields ``(key, label, bytes or the Exception reading them, cursor)``; passing a row's
         cursor (a JSON value) as ``start`` continues after that row (``pack`` resumes so).
         """
-        raise NotImplementedError(f"{type(self).__name__} has no records(): `pack --to cache` needs them")
+        raise UserError(f"{type(self).__name__} defines no records(), which `pack --to cache` needs")
 
     def planned_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches every rank yields this epoch: the fewest of any rank; ``None`` if unknown.
