@@ -205,6 +205,7 @@ COMMON_DATA_MODULES = {
     "synthetic.py",
     "marker.py",
     "cache.py",
+    "cache_writer.py",
     "pack.py",
 }
 

@@ -4,7 +4,9 @@ A checkpoint is one dict of named ``state_dict``s (model, optimizer, every rank'
 loader and RNGs) plus where the run stands (:class:`Progress`) and the config. Only rank 0
 writes it, to a temporary file that then replaces the old one, so a crash mid-write never
 leaves a truncated ``checkpoint.pt``. It is read back with ``weights_only=True``: loading a
-checkpoint runs no pickled code.
+checkpoint runs no pickled code, and one that lacks a part is refused naming it. A write that
+finds the disk full is one error naming the file, keeping the previous checkpoint; a temporary
+file left by a run killed mid-write is removed when the next run in that folder starts.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from . import dist
 from .data.source import Source
-from .errors import UserError
+from .errors import DiskFull, UserError, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +37,61 @@ class CheckpointError(UserError):
     """A checkpoint that this project cannot resume from."""
 
 
+# The parts of a checkpoint, and what each is.
+PARTS = {
+    "model": dict,
+    "optimizer": dict,
+    "progress": dict,
+    "layout": dict,
+    "loader": list,
+    "rng": list,
+    "config": dict,
+}
+
+
+class _Recorded:
+    """A file that remembers the error of a failed write (torch.save reports it as "unexpected pos")."""
+
+    def __init__(self, f) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``).
+
+    A failed write removes its temporary file; for want of space it is :class:`DiskFull`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a writer's own: two never share one
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    recorded = None
+    try:
+        with open(tmp, "wb") as f:
+            recorded = _Recorded(f)
+            torch.save({"format": FORMAT, **state}, recorded)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        cause = recorded.error if recorded is not None and recorded.error is not None else e
+        if not is_disk_full(cause):
+            raise
+        kept = f"the previous checkpoint {path} is kept" if path.is_file() else f"no checkpoint is in {path.parent}"
+        raise DiskFull(
+            f"{cause.strerror.lower()} writing the checkpoint {tmp} ({_free(path.parent)}): {kept}; free some space "
+            "and run again (it resumes from the checkpoint kept)"
+        ) from None
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:  # the rename itself survives a power loss once the directory is on disk
@@ -52,15 +100,38 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
         os.close(dir_fd)
 
 
+def _free(folder: Path) -> str:
+    try:
+        usage = os.statvfs(folder)
+        return f"{usage.f_bavail * usage.f_frsize / 2**20:.0f} MB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Remove the temporary checkpoint files of runs killed mid-write (the caller holds run_dir's lock)."""
+    for tmp in run_dir.glob(f".{CHECKPOINT}.*.tmp"):
+        log.info("removing %s, left by a run that stopped while writing a checkpoint", tmp)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint onto the CPU, refusing pickled code and checkpoints of another format."""
+    """Load a checkpoint onto the CPU, refusing pickled code, missing parts and checkpoints of another format."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # empty, truncated or not a checkpoint at all
-        why = " ".join(str(e).split())[:200] or "no detail"
+    except Exception as e:  # empty, truncated, pickled code, or not a checkpoint at all
+        said = " ".join(str(e).split())
+        unpickler = said.partition("WeightsUnpickler error: ")[2]
+        if unpickler.startswith(("Unsupported global", "Unsupported class")):  # a pickled object, not a tensor
+            raise CheckpointError(
+                f"{path} holds pickled Python objects, which no checkpoint of this project does ({_sentence(unpickler)}"
+                "): loading it could run code, so it is not loaded; pass a checkpoint this project wrote, or "
+                "train.resume=never to start a new run"
+            ) from None
         raise CheckpointError(
-            f"{path} is not a readable checkpoint ({type(e).__name__}: {why}): move it away, or pass "
-            "train.resume=never to start a new run"
+            f"{path} is not a readable checkpoint ({type(e).__name__}: {_sentence(said) or 'no detail'}): move it "
+            "away, or pass train.resume=never to start a new run"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         written_by = "torchfeed v0.1.0" if isinstance(state, dict) and "batch_in_epoch" in state else "another version"
@@ -68,7 +139,29 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
             f"{path} was written by {written_by}, whose resume state this project cannot read: start a new run "
             f"with train.resume=never (or another train.run_dir), or finish that run with the project's old version"
         )
+    wrong = [
+        f"{k} ({type(state[k]).__name__})" for k, kind in PARTS.items() if k in state and not isinstance(state[k], kind)
+    ]
+    missing = sorted(k for k in PARTS if k not in state) + wrong
+    unknown = set(state.get("progress", {})) - {f.name for f in dataclasses.fields(Progress)}
+    if missing or unknown or not isinstance(state.get("progress"), dict):
+        what = ", ".join(missing) if missing else f"progress keys {sorted(unknown)}"
+        raise CheckpointError(
+            f"{path} lacks or garbles what a checkpoint of this project holds ({what}; expected "
+            f"{', '.join(PARTS)}): it was not written by this project's train, or was edited; pass "
+            "train.resume=never to start a new run"
+        )
     return state
+
+
+def _sentence(text: str, most: int = 240) -> str:
+    """The first sentence of ``text``, or its first ``most`` characters ending in "...".
+
+    >>> _sentence("Unsupported global: GLOBAL builtins.exec was not allowed. Check the docs.")
+    'Unsupported global: GLOBAL builtins.exec was not allowed'
+    """
+    first = text.split(". ", 1)[0].rstrip(".")
+    return first if len(first) <= most else first[: first.rfind(" ", 0, most)] + "..."
 
 
 @contextlib.contextmanager
@@ -91,6 +184,7 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
         f.truncate()
         f.write(f"pid {os.getpid()}\n")
         f.flush()
+        remove_temporaries(run_dir)
         yield
 
 
@@ -135,6 +229,9 @@ class Progress:
     step: int = 0  # optimizer steps since the run began
     total_steps: int | None = None  # the learning-rate schedule's length (None: not known yet)
     epoch_batches: int | None = None  # a source that cannot count: the batches of its last whole epoch
+    # The running epoch's sums over all ranks before the checkpoint (loss x samples, samples, seconds,
+    # seconds waiting for data): a resumed epoch's metrics cover all of it, not only its part after the resume.
+    partial: dict | None = None
 
 
 def layout(cfg, loader) -> dict:
@@ -155,15 +252,23 @@ def layout(cfg, loader) -> dict:
     }
 
 
-def save(cfg, run_dir: Path, model, optimizer, loader, device, progress: Progress, mid_epoch: bool) -> None:
-    """Write the checkpoint (rank 0); every rank hands in its loader position and RNGs."""
-    mine = {"loader": loader.state_dict() if mid_epoch else None, "rng": rng_state(device)}
+def save(
+    cfg, run_dir: Path, model, optimizer, loader, device, progress: Progress, mid_epoch: bool, sums: dict | None = None
+) -> None:
+    """Write the checkpoint (rank 0); every rank hands in its loader position, RNGs and (mid-epoch) its
+    epoch's sums so far (``loss``, ``samples``, ``seconds``, ``wait_s``)."""
+    mine = {"loader": loader.state_dict() if mid_epoch else None, "rng": rng_state(device), "sums": sums}
     ranks = dist.all_gather_object(mine)  # a collective at checkpoints only
     if dist.is_main_process():
+        partial = None
+        if mid_epoch and sums is not None:
+            every = [r["sums"] for r in ranks]
+            partial = {k: sum(r[k] for r in every) for k in ("loss", "samples", "wait_s")}
+            partial["seconds"] = max(r["seconds"] for r in every)  # the ranks ran side by side
         state = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "progress": dataclasses.asdict(progress),
+            "progress": dataclasses.asdict(progress) | {"partial": partial},
             "layout": layout(cfg, loader),
             "loader": [r["loader"] for r in ranks],
             "rng": [r["rng"] for r in ranks],
@@ -218,7 +323,7 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
         if changed:
             what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
             log.warning("%s since the checkpoint: epoch %d restarts from its beginning", what, progress.epoch)
-            progress.batch = 0
+            progress.batch, progress.partial = 0, None
         else:
             loader.load_state_dict(saved["loader"][rank])
     changed = config_changes(saved.get("config", {}), cfg.to_dict())

@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, Subset, get_worker_info
 
 from .data import build_loader, set_epoch
 from .data.loader import SkipBadCollate, worker_processes
-from .data.source import Source
+from .data.source import Source, sample_rng, sample_seed
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -191,8 +191,14 @@ def draws_random_numbers(dataset, tries: int = 8) -> bool:
 
     This is how the check knows that the train transform is meant to be random, whatever
     task.py defines: a transform that draws nothing is deterministic and has nothing to vary.
+    A source's task is called directly (its own seeding, Source.transformed, restores torch's).
     """
-    items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(len(dataset)))
+    if isinstance(dataset, Source):
+        items = (_try(dataset.task, p) for p in dataset.peek(tries))
+    elif isinstance(dataset, IterableDataset):
+        items = iter(dataset)
+    else:
+        items = (dataset[i] for i in range(len(dataset)))
     for _ in range(tries):
         before = _rng_states()
         item = next(items, None)
@@ -226,16 +232,37 @@ def _try(task, payload: bytes) -> dict:
         return {"bad": str(e)}
 
 
+def _good_payloads(source: Source, n: int = 16) -> list[bytes]:
+    return [p for p in source.peek(n) if "bad" not in _try(source.task, p)]
+
+
 def _copies(cfg, dataset, num_workers: int, copies: int = 32):
-    """A loader of ``copies`` of one readable sample: through ``__getitem__``, or an iterable source's task."""
+    """A loader of ``copies`` of one readable sample: through ``__getitem__``, or a source's task.
+
+    A source seeds each sample's augmentation from (seed, epoch, key) (Source.transformed), so
+    the copies go through its task directly: what varies them is the workers' own seeding.
+    """
     variant = _variant(cfg, num_workers=num_workers, batch_size=4)
-    collate = SkipBadCollate(dataset.task.collate) if isinstance(dataset, Source) else None
-    if isinstance(dataset, IterableDataset):
-        payload = next(p for p in dataset.peek(16) if "bad" not in _try(dataset.task, p))
-        return build_loader(_Repeat(dataset.task, payload, copies), variant, "train", collate_fn=collate)
+    if isinstance(dataset, Source):
+        collate = SkipBadCollate(dataset.task.collate)
+        return build_loader(
+            _Repeat(dataset.task, _good_payloads(dataset)[0], copies), variant, "train", collate_fn=collate
+        )
     first_good = next(i for i in range(len(dataset)) if "bad" not in dataset[i])
     repeated = Subset(dataset, [first_good] * copies)
-    return build_loader(repeated, variant, "train", rank=0, world_size=1, collate_fn=collate)
+    return build_loader(repeated, variant, "train", rank=0, world_size=1)
+
+
+def _same_over_epochs(source: Source, epochs: int = 2) -> tuple[int, int]:
+    """A source's samples augmented as its loader does it, in two epochs: (the same in both, compared)."""
+    same = total = 0
+    for i, payload in enumerate(_good_payloads(source, 8)):
+        digests = set()
+        for epoch in range(epochs):
+            with sample_rng(sample_seed(source.seed, epoch, f"check/{i}")):
+                digests.add(_digest(source.task(payload)))
+        same, total = same + (len(digests) == 1), total + 1
+    return same, total
 
 
 def check_augmentation(cfg, dataset, num_workers: int) -> Check:
@@ -257,6 +284,8 @@ def check_augmentation(cfg, dataset, num_workers: int) -> Check:
             set_epoch(loader, epoch)
             digests += [_digest(x) for b in loader for x in b["input"]]
         total, same = len(digests), len(digests) - len(set(digests))
+        if isinstance(dataset, Source):  # and the source's own seeding: new numbers each epoch
+            same, total = (a + b for a, b in zip((same, total), _same_over_epochs(dataset)))
     value = f"{same} identical of {total} augmented copies"
     if total and same > total // 8:
         return Check(

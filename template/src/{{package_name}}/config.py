@@ -78,6 +78,8 @@ class LoaderConfig:
     tuned: str = "configs/tuned.yaml"
     # Seconds the workers may send no batch before the run stops naming the loader (0 = wait forever).
     timeout_s: int = 600
+    # How workers start: auto = forkserver where the system has one (Linux, macOS), else spawn; never fork.
+    start_method: str = AUTO
 
     def __post_init__(self) -> None:
         # A training batch of one sample breaks BatchNorm (and most models' statistics).
@@ -87,6 +89,8 @@ class LoaderConfig:
         _auto_or_bool("loader.persistent_workers", self.persistent_workers)
         _auto_or_bool("loader.pin_memory", self.pin_memory)
         require("loader.timeout_s", self.timeout_s, self.timeout_s >= 0, ">= 0")
+        methods = (AUTO, "forkserver", "spawn")
+        require("loader.start_method", self.start_method, self.start_method in methods, ", ".join(methods))
 
 
 @dataclass

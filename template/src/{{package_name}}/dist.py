@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import time
@@ -87,7 +88,10 @@ def pick_device(num_gpus: int) -> torch.device:
     A local rank without a GPU of its own is an error naming the visible GPUs; one process
     on a machine of several GPUs (plain ``train``, not ``launch``) says it uses one.
     """
-    if num_gpus == 0 or not torch.cuda.is_available():
+    if num_gpus == 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        _warn_no_gpu(num_gpus)
         return torch.device("cpu")
     visible = torch.cuda.device_count()
     check_gpus(local_world_size(), visible)
@@ -96,6 +100,17 @@ def pick_device(num_gpus: int) -> torch.device:
     device = torch.device("cuda", local_rank())
     torch.cuda.set_device(device)
     return device
+
+
+@functools.cache  # once a process
+def _warn_no_gpu(num_gpus: int) -> None:
+    log.warning(
+        "the project was made for %d GPU(s) per node, but torch finds none (torch %s, CUDA %s): training on the "
+        "CPU, far slower. Install a CUDA build of torch, or check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+        num_gpus,
+        torch.__version__,
+        torch.version.cuda or "none: a CPU build",
+    )
 
 
 def check_gpus(processes: int, visible: int) -> None:

@@ -6,6 +6,8 @@ Tracebacks are for bugs; ``--debug`` shows one for these too.
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """A mistake in the config, the data or the command line; the message says what to change."""
@@ -21,6 +23,22 @@ class DataError(UserError, ValueError):
 
 class Stalled(RuntimeError):
     """A part of the run stopped answering (a loader's workers, another rank); the message names it."""
+
+
+class Outage(Stalled):
+    """A server the data comes from stopped answering past its retries: not the data's fault, never a bad sample."""
+
+
+class DiskFull(UserError, OSError):
+    """A write failed for want of space (or past a file-size limit); the message names the path and what was kept."""
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, past the file-size limit
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` is a write that failed for want of space (or past a file-size limit)."""
+    return isinstance(e, OSError) and e.errno in FULL_ERRNOS
 
 
 def require(key: str, value: object, ok: bool, expected: str) -> None:

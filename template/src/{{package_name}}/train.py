@@ -38,6 +38,7 @@ from .model import build_model
 
 log = logging.getLogger(__name__)
 DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
+DATA_WAIT_MIN_S = 2.0  # ... and longer than this in all (a tiny epoch's first batches say nothing)
 
 
 def main(cfg) -> list[dict]:
@@ -96,7 +97,7 @@ def fit(cfg, device: torch.device) -> list[dict]:
             progress.epoch_batches = progress.batch
             progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
         val_stats = evaluate(model, task, val_loader, compute, budget)
-        progress.epoch, progress.batch = epoch + 1, 0
+        progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
         checkpoint(progress, mid_epoch=False)
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
         wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
@@ -116,7 +117,8 @@ def fit(cfg, device: torch.device) -> list[dict]:
             "world_size": dist.get_world_size(),
         }
         history.append(metrics)
-        if wait_frac > DATA_WAIT_WARN and not warned_wait and dist.is_main_process():
+        slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
+        if slow and not warned_wait and dist.is_main_process():
             warned_wait = True
             log.warning(
                 "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
@@ -164,13 +166,15 @@ def train_one_epoch(
 ) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
-    Returns the mean loss and the number of samples over all ranks, and the seconds taken.
+    Returns the mean loss and the number of samples over all ranks, and the seconds taken: of
+    the whole epoch, its part before a resume included (``progress.partial``).
     """
     model.train()
     device = compute.device
-    start = time.perf_counter()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples, last = 0, None
+    carried = (progress.partial if dist.is_main_process() else None) or {}  # summed over ranks: rank 0 adds it
+    start = time.perf_counter() - carried.get("seconds", 0.0)
+    loss_sum = torch.full((), carried.get("loss", 0.0), dtype=torch.float64, device=device)
+    samples, last = carried.get("samples", 0), None
     todo = None if planned is None else planned - progress.batch
     spare = functools.partial(spare_batch, loader.dataset)
     bar = tqdm(
@@ -181,7 +185,7 @@ def train_one_epoch(
         leave=False,
     )
     guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir))
-    wait = DataWait()
+    wait = DataWait(carried.get("wait_s", 0.0))
     for batch in even_batches(wait.timed(batches(loader, "train")), todo):
         if batch is not None:
             budget.update(batch["bad"])
@@ -201,7 +205,8 @@ def train_one_epoch(
             bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}", data_wait=f"{waited:.0%}")
         if cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0:
             guard.check(model)  # only finite weights are ever written
-            checkpoint(progress, mid_epoch=True)
+            sums = {"loss": loss_sum.item(), "samples": samples, "seconds": time.perf_counter() - start}
+            checkpoint(progress, mid_epoch=True, sums=sums | {"wait_s": wait.seconds})
         if todo is None and cfg.train.max_batches and progress.batch >= cfg.train.max_batches:
             break
     bar.close()
@@ -222,8 +227,8 @@ class DataWait:
     for it. The epoch's first batch, which waits for the workers to start, is left out.
     """
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds  # what the epoch waited before a resume, if it was resumed
         self.batches = 0
 
     def timed(self, batches: Iterable[dict]) -> Iterator[dict]:

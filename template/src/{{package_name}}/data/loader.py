@@ -36,7 +36,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from .. import dist, project
-from ..errors import Stalled, UserError
+from ..errors import DataError, Stalled, UserError
 from .source import Source
 from .tuned import read_tuned
 
@@ -219,8 +219,10 @@ def _join_tails(batches: Iterable[dict], collate, batch_size: int, drop_last: bo
         yield collate(tail)
 
 
-def worker_context():
-    """The multiprocessing context DataLoader workers start from: a forkserver.
+def worker_context(method: str = "auto"):
+    """The multiprocessing context DataLoader workers start from (``loader.start_method``).
+
+    ``auto`` is a forkserver where the system has one (Linux, macOS), else spawn (Windows).
 
     # NOTE [ Workers start from a forkserver ]
     # A worker forked from the training process copies every lock that process holds at that
@@ -234,23 +236,30 @@ def worker_context():
     # finds this package as a plain `python` would (installed, or on PYTHONPATH), so the folder
     # holding the package goes on PYTHONPATH for it (a source tree that pytest's `pythonpath`
     # makes importable is not visible there); otherwise each worker would import torch itself.
+    # spawn starts each worker as a fresh interpreter: as safe, slower to start. fork is never used.
     """
+    if method == "auto":
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
     return ctx
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This process's DataLoader workers: the children of its forkserver (see :func:`worker_context`)."""
+    """This process's DataLoader workers: the children of its forkserver, or its spawned children."""
     workers = []
     for child in psutil.Process().children():
         try:
-            if "forkserver" in " ".join(child.cmdline()):
+            cmdline = " ".join(child.cmdline())
+            if "forkserver" in cmdline:
                 workers += child.children()
+            elif "spawn_main" in cmdline:
+                workers.append(child)
         except psutil.Error:  # it ended meanwhile
             continue
     return workers
@@ -324,7 +333,7 @@ def build_loader(
             # Validation workers start for each evaluation and end after it: kept, they would sit
             # idle through every training epoch, each a process holding its own memory.
             persistent_workers=s.persistent_workers if workers and train else False,
-            multiprocessing_context=worker_context() if workers else None,
+            multiprocessing_context=worker_context(cfg.loader.start_method) if workers else None,
             timeout=cfg.loader.timeout_s if workers else 0,
         )
 
@@ -335,9 +344,17 @@ def batches(loader, split: str) -> Iterator[dict]:
     # NOTE [ A stuck worker is an error, not a hang ]
     # A worker blocked for good (a hung network file system or server, a deadlock) would
     # otherwise keep its rank waiting forever, and the other ranks in their next collective.
+
+    A mistake or an outage a worker found (a :class:`UserError`, a :class:`Stalled`) comes out as
+    it was raised there: torch re-raises it with the worker's traceback in its message.
     """
     try:
         yield from loader
+    except (UserError, Stalled) as e:
+        said = said_in_worker(e)
+        if said is None:
+            raise
+        raise type(e)(said) from None
     except RuntimeError as e:
         if "DataLoader timed out" not in str(e):
             raise
@@ -346,6 +363,23 @@ def batches(loader, split: str) -> Iterator[dict]:
             "(a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), or the data "
             "is slower than that: raise loader.timeout_s"
         ) from None
+
+
+def said_in_worker(e: Exception) -> str | None:
+    """The message of an exception a loader worker raised, without the traceback torch adds (else None).
+
+    >>> said_in_worker(ValueError("Caught ValueError in DataLoader worker process 0.\\nOriginal Traceback "
+    ...     "(most recent call last):\\n  File ...\\nValueError: no such shard\\n"))
+    'no such shard'
+    """
+    text = str(e)
+    if not text.startswith(f"Caught {type(e).__name__} in DataLoader worker process"):
+        return None
+    for name in (f"{type(e).__module__}.{type(e).__qualname__}", type(e).__qualname__):
+        head, found, said = text.rpartition(f"\n{name}: ")
+        if found:
+            return said.rstrip("\n")
+    return None
 
 
 def set_epoch(loader, epoch: int) -> None:
@@ -372,8 +406,9 @@ def planned_batches(loader) -> int | None:
 def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict | None]:
     """Exactly ``planned`` items, so that every rank takes the same number of steps.
 
-    The loader's batches come first; should it run dry early (the data changed under the
-    run), ``None`` fills the rest and the step runs on a stand-in with zero weight. When
+    The loader's batches come first; should it run dry early (a broken shard, rows deleted
+    under the run), ``None`` fills the rest and the step runs on a stand-in with zero weight;
+    short by more than a tenth of the epoch (and 2 batches), it is a :class:`DataError`. When
     ``planned`` is ``None`` (a source that cannot count its rows), all ranks stop together at
     the first rank's end, agreed by one collective per batch on a CPU group (no device sync).
     """
@@ -384,6 +419,14 @@ def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict 
     for done in range(planned):
         batch = next(it, None)
         if batch is None:
+            short, most = planned - done, max(2, planned // 10)
+            if short > most:  # not a few bad samples or a broken shard: the counts are wrong
+                raise DataError(
+                    f"the loader ran dry after {done} of {planned} planned batches: {short} short, more than the "
+                    f"{most} stand-in steps that may fill an epoch; the data holds far fewer samples than its counts "
+                    "say (an index that overstates its shards, rows deleted while training): fix the counts or the "
+                    "data, and run again"
+                )
             log.warning(
                 "the loader ran dry after %d of %d planned batches: stand-in steps fill the rest", done, planned
             )

@@ -1,17 +1,22 @@
 """``sample-data``'s mark on what it writes, so that it never overwrites data it did not write.
 
 It writes only where nothing is (a missing path, an empty folder) or where it wrote before
-(the mark is there: ``<folder>/.sample-data``, or ``<file>.sample-data`` beside a file).
+(the mark is there: ``<folder>/.sample-data``, or ``<file>.sample-data`` beside a file). The
+mark lists the files it wrote, and a later sample-data replaces those and only those: sample
+data of another format or size leaves none of the old behind, and a file the user added stays.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
 from ..errors import UserError
 
 MARK = ".sample-data"
+FILES = "files: "  # the mark's line listing what was written, relative to the folder
 
 
 def _mark_of(path: Path, folder: bool) -> Path:
@@ -19,22 +24,47 @@ def _mark_of(path: Path, folder: bool) -> Path:
 
 
 def claim(path: str | os.PathLike, folder: bool) -> None:
-    """Refuse to write ``path`` (a folder, or a file) unless nothing is there or sample-data wrote it."""
+    """Refuse to write ``path`` (a folder, or a file) unless nothing is there or sample-data wrote it.
+
+    In a folder it wrote before, the files it wrote then are removed (and folders they leave empty).
+    """
     path = Path(path)
-    if not path.exists() or _mark_of(path, folder).exists():
+    mark_file = _mark_of(path, folder)
+    if not path.exists() or (folder and path.is_dir() and not any(path.iterdir())):
         return
-    if folder and path.is_dir() and not any(path.iterdir()):
-        return
-    raise UserError(
-        f"{path} holds data that sample-data did not write, and sample-data never overwrites it: "
-        f"pass --out with a new path (or remove {path} yourself)"
-    )
+    if not mark_file.exists():
+        raise UserError(
+            f"{path} holds data that sample-data did not write, and sample-data never overwrites it: "
+            f"pass --out with a new path (or remove {path} yourself)"
+        )
+    if folder:
+        _remove_listed(path, mark_file)
 
 
-def mark(path: str | os.PathLike, folder: bool) -> None:
-    """Mark ``path`` as sample-data's own, so that a later sample-data may write it again."""
+def _remove_listed(folder: Path, mark_file: Path) -> None:
+    listed = []
+    for line in mark_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith(FILES):
+            with contextlib.suppress(ValueError):
+                listed = json.loads(line[len(FILES) :])
+    root = folder.resolve()
+    parents = set()
+    for name in listed if isinstance(listed, list) else []:
+        target = (folder / str(name)).resolve()
+        if root not in target.parents or not target.is_file():  # only files inside the folder
+            continue
+        target.unlink()
+        parents.update(p for p in target.parents if root in p.parents)
+    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):  # the deepest first
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # only if empty
+
+
+def mark(path: str | os.PathLike, folder: bool, files: list[str] = ()) -> None:
+    """Mark ``path`` as sample-data's own, listing ``files`` (relative to the folder) that it wrote."""
     path = Path(path)
-    _mark_of(path, folder).write_text(
-        "Written by `sample-data`; it may write here again. Delete this file to keep it from doing so.\n",
-        encoding="utf-8",
-    )
+    text = "Written by `sample-data`; it may write here again, replacing the files listed below (and only those).\n"
+    text += "Delete this file to keep it from doing so.\n"
+    if folder:
+        text += FILES + json.dumps(sorted(files)) + "\n"
+    _mark_of(path, folder).write_text(text, encoding="utf-8")

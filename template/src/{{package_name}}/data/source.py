@@ -16,7 +16,15 @@ write a module with a config dataclass (its keys join the ``data`` section) and 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import contextlib
+import hashlib
+import multiprocessing
+import random
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
 
 from .. import dist
 from ..errors import UserError
@@ -33,7 +41,25 @@ class Source(abc.ABC):
         seed (int): seeds whatever order the source itself draws (``train.seed``).
         rank, world_size (int): which share of the data this process reads.
 
-    A subclass sets ``classes`` (class names in label order) in its constructor.
+    A subclass sets ``classes`` (class names in label order) in its constructor, and turns a
+    sample's bytes into its tensor with :meth:`transformed` (the seeded augmentation below).
+
+    # NOTE [ A sample's augmentation depends on (seed, epoch, key) alone ]
+    # A worker's random generators run on from sample to sample, so the crop a sample got would
+    # depend on which worker read it and on everything that worker read before: a run resumed
+    # mid-epoch, whose new workers start their generators afresh, would see other crops than the
+    # run it continues. Instead the generators are seeded for each training sample from
+    # (train.seed, epoch, key) just before its transform runs: the same sample in the same epoch
+    # gets the same random numbers at any num_workers, prefetch_factor or persistent_workers,
+    # resumed or not, and another epoch gets new ones. In a loader worker torch's, NumPy's and
+    # Python's generators are seeded (a third-party augmentation draws from any of them); in the
+    # training process itself (num_workers=0) only torch's, saved and restored around the sample,
+    # so the model's own random numbers (dropout) run on undisturbed, and a checkpoint holds them.
+
+    # NOTE [ set_epoch reaches persistent workers ]
+    # Workers started once (persistent_workers=True) keep their copy of the source, so a plain
+    # ``self.epoch = e`` in the training process would never reach them. The epoch lives in shared
+    # memory (``multiprocessing.Value``), which a worker reads for each sample.
     """
 
     classes: list[str]
@@ -45,6 +71,7 @@ class Source(abc.ABC):
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
         self.cfg, self.split, self.task, self.seed = cfg, split, task, seed
         self.rank, self.world_size = rank, world_size
+        self._epoch = multiprocessing.Value("q", 0, lock=False)
 
     @classmethod
     def open(cls, cfg, split: str, *, rank: int | None = None, world_size: int | None = None) -> Source:
@@ -65,6 +92,28 @@ class Source(abc.ABC):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if multiprocessing.context.get_spawning_popen() is None:  # a copy, not a worker's: the epoch as it is
+            state["_epoch"] = self._epoch.value
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["_epoch"], int):
+            state["_epoch"] = multiprocessing.Value("q", state["_epoch"], lock=False)
+        self.__dict__.update(state)
+
+    def transformed(self, key: str, transform: Callable, data):
+        """``transform(data)`` for sample ``key``; in training, with random numbers from (seed, epoch, key)."""
+        if self.split != "train":
+            return transform(data)
+        with sample_rng(sample_seed(self.seed, self.epoch, key)):
+            return transform(data)
 
     @abc.abstractmethod
     def peek(self, n: int) -> list[bytes]:
@@ -105,5 +154,35 @@ class Source(abc.ABC):
     def check_workers(self, num_workers: int) -> None:  # noqa: B027 (an optional hook)
         """Refuse a loader set-up under which this source cannot work (default: any works)."""
 
-    def set_epoch(self, epoch: int) -> None:  # noqa: B027 (an optional hook)
-        """A new epoch starts (an iterable source reorders itself; a map-style one's sampler does)."""
+    def set_epoch(self, epoch: int) -> None:
+        """A new epoch starts: new augmentations (an iterable source also reorders itself; a map-style
+        one's sampler does that). A subclass that overrides it calls this one."""
+        self._epoch.value = epoch
+
+
+def sample_seed(seed: int, epoch: int, key: str) -> int:
+    """The seed of one sample's augmentation in one epoch: a 64-bit digest of (seed, epoch, key).
+
+    >>> key = "train/cat/1.jpg"
+    >>> sample_seed(0, 1, key) == sample_seed(0, 1, key) != sample_seed(0, 2, key)
+    True
+    """
+    text = f"{seed}\0{epoch}\0{key}".encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+@contextlib.contextmanager
+def sample_rng(seed: int) -> Iterator[None]:
+    """Seed the random generators for one sample (see the NOTE in :class:`Source`); about 10 us."""
+    generator = torch.default_generator
+    in_worker = get_worker_info() is not None
+    saved = None if in_worker else generator.get_state()
+    generator.manual_seed(seed)
+    if in_worker:  # the process is the loader's: its generators serve nothing else
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            generator.set_state(saved)
