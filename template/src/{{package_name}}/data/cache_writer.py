@@ -161,7 +161,7 @@ def _start(out: str, train: Source, identity: dict, settings: dict, force: bool)
         raise UserError(f"{out} holds files that are not a cache; choose an empty or new folder for --out")
     peek = train.peek(16)
     with open(os.path.join(out, PEEK), "wb") as f:
-        f.write(b"".join(peek))
+        _write(f, b"".join(peek))
     fresh["peek"] = [len(p) for p in peek]
     _write_json(path, fresh)
     return fresh
