@@ -369,8 +369,8 @@ def said_in_worker(e: Exception) -> str | None:
     """The message of an exception a loader worker raised, without the traceback torch adds (else None).
 
     >>> said_in_worker(ValueError("Caught ValueError in DataLoader worker process 0.\\nOriginal Traceback "
-    ...     "(most recent call last):\\n  File ...\\nValueError: no such shard\\n"))
-    'no such shard'
+    ...     "(most recent call last):\\n  File ...\\nValueError: no such file\\n"))
+    'no such file'
     """
     text = str(e)
     if not text.startswith(f"Caught {type(e).__name__} in DataLoader worker process"):
@@ -406,7 +406,7 @@ def planned_batches(loader) -> int | None:
 def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict | None]:
     """Exactly ``planned`` items, so that every rank takes the same number of steps.
 
-    The loader's batches come first; should it run dry early (a broken shard, rows deleted
+    The loader's batches come first; should it run dry early (a broken file, samples removed
     under the run), ``None`` fills the rest and the step runs on a stand-in with zero weight;
     short by more than a tenth of the epoch (and 2 batches), it is a :class:`DataError`. When
     ``planned`` is ``None`` (a source that cannot count its rows), all ranks stop together at
@@ -420,11 +420,11 @@ def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict 
         batch = next(it, None)
         if batch is None:
             short, most = planned - done, max(2, planned // 10)
-            if short > most:  # not a few bad samples or a broken shard: the counts are wrong
+            if short > most:  # not a few bad samples or a broken file: the counts are wrong
                 raise DataError(
                     f"the loader ran dry after {done} of {planned} planned batches: {short} short, more than the "
                     f"{most} stand-in steps that may fill an epoch; the data holds far fewer samples than its counts "
-                    "say (an index that overstates its shards, rows deleted while training): fix the counts or the "
+                    "say (an index that overstates them, samples removed while training): fix the counts or the "
                     "data, and run again"
                 )
             log.warning(

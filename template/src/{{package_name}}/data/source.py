@@ -163,7 +163,7 @@ class Source(abc.ABC):
 def sample_seed(seed: int, epoch: int, key: str) -> int:
     """The seed of one sample's augmentation in one epoch: a 64-bit digest of (seed, epoch, key).
 
-    >>> key = "train/cat/1.jpg"
+    >>> key = "train/cat/0001"
     >>> sample_seed(0, 1, key) == sample_seed(0, 1, key) != sample_seed(0, 2, key)
     True
     """
