@@ -8,5 +8,6 @@ source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 ruff check .
 ruff format --check .
-# Two workers: the rendered projects' suites spend much of their time starting processes.
-python -m pytest tests -n "${TEST_WORKERS:-2}" "$@"
+# Two workers: the rendered projects' suites spend much of their time starting processes; the real-Slurm
+# tests (one cluster) stay together on one of them (--dist loadgroup).
+python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -320,8 +320,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
 
     The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
     train on the CPU): what those numbers change, the launcher and the config, is tested, once
-    per source, and the Slurm script under stub Slurm commands once; the rest would only repeat
-    the CPU answers' suite on this machine.
+    per source, with the Slurm script's protocol under stub Slurm commands (test_slurm.py runs it
+    under a real Slurm); the rest would only repeat the CPU answers' suite on this machine.
     """
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
     env = project_env(project.path)

@@ -6,7 +6,8 @@ python -m <package> train train.epochs=5   # one process
 python -m <package> launch --nproc-per-node 2 -- train   # torchrun, 2 processes
 
 A mistake a user can fix (a bad key, a missing file, an unreadable checkpoint) prints one
-``error:`` line and exits with 2; ``--debug`` shows its traceback too.
+``error:`` line and exits with 2; ``--debug`` shows its traceback too. A run stopped by a signal
+(SIGTERM, SIGUSR1, Ctrl-C) writes its checkpoint and exits with 128 + the signal (143, 138, 130).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 
 from . import dist, project
 from .errors import Stalled, UserError
+from .stopping import Stopped
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -71,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:  # asked to stop, and stopped cleanly
+        print(f"{project.PACKAGE}: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside training
+        print(f"{project.PACKAGE}: interrupted", file=sys.stderr)
+        return 130
 
 
 def run(args: argparse.Namespace) -> int | None:

@@ -139,11 +139,17 @@ def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=timeout))
     # NOTE [ Restarted ranks read their peers' old addresses ]
-    # torchrun keeps one store for the whole job; the keys a process group writes there
-    # ("default_pg/0/rank_1", ...) are the same in every restart, so restarted ranks would read
-    # the addresses of the processes they replace and fail to connect. A prefix per attempt
-    # keeps each attempt's keys apart.
-    store = torch_dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    # A process group writes its ranks' addresses in the job's store ("default_pg/0/rank_1", ...),
+    # under the same keys in every restart. `launch` starts torchrun with a store per rendezvous
+    # round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 hosts a new one each time), so a
+    # restarted group finds no old address, on any node. A torchrun started by hand shares its
+    # agents' store across restarts; there a prefix per attempt keeps the keys apart, but only on
+    # one node: each node's agent counts its own restarts (the node whose rank died counts one,
+    # the other does not), so on several nodes the ranks would wait on each other's keys for ever.
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = torch_dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) and project.NUM_NODES > 1:
+            log.warning("torchrun was started by hand: a restart on several nodes may hang; start with `launch`")
     torch_dist.init_process_group(
         backend=backend,
         store=store,
@@ -271,3 +277,12 @@ def agree_min(value: int | None) -> int | None:
     tensor = torch.tensor([-1 if value is None else value], dtype=torch.int64)
     torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MIN, group=_cpu_group)
     return None if tensor.item() < 0 else int(tensor.item())
+
+
+def agree_max(value: int) -> int:
+    """The largest ``value`` over all ranks (on the CPU group: no device sync)."""
+    if not is_distributed():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=_cpu_group)
+    return int(tensor.item())

@@ -6,11 +6,18 @@
 
 On one node this is ``torchrun --standalone``; with ``--nnodes > 1`` it uses a c10d rendezvous
 at ``--rdzv-endpoint`` (see ``scripts/slurm.sbatch`` when the project has more than one node).
+
+Before torchrun starts, the command's config and data are checked as ``train`` would check them:
+a mistake (a bad key, a missing data folder) is one ``error:`` line and exit code 2, on each
+node, instead of a crash that torchrun would restart ``--max-restarts`` times. torchrun gets a
+store of its own for each rendezvous round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so a
+group restarted after a rank died meets again on every node (dist.py's NOTE).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -86,15 +93,38 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
     return cmd + ["-m", project.PACKAGE, *command]
 
 
+def check(command: list[str], world_size: int) -> None:
+    """What ``train`` or ``bench`` would refuse at its start: the config, the data of both splits,
+    and a training loader for ``world_size`` processes (without its workers)."""
+    from .__main__ import parser as command_parser
+    from .config import load_config
+    from .data import build_dataset, build_loader
+
+    args = command_parser().parse_args(command)
+    cfg = load_config(args.config, args.overrides)
+    train, _ = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
+    probe = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=0, tuned=""))
+    build_loader(train, probe, "train", rank=0, world_size=world_size)
+
+
 def main(argv: list[str]) -> int:
     options, command = split_argv(argv)
     args = parser().parse_args(options)
-    if project.NUM_GPUS > 0 and torch.cuda.is_available():
-        try:  # before any process starts: a rank without a GPU would fail with "invalid device ordinal"
+    try:
+        if project.NUM_GPUS > 0 and torch.cuda.is_available():
+            # before any process starts: a rank without a GPU would fail with "invalid device ordinal"
             dist.check_gpus(args.nproc_per_node, torch.cuda.device_count())
-        except UserError as e:
-            raise SystemExit(f"error: {e}") from None
-    cmd = torchrun_command(args, command)
+        cmd = torchrun_command(args, command)
+        check(command, args.nnodes * args.nproc_per_node)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that cannot be used
+        if not e.filename:
+            raise
+        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 2
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # a store per rendezvous round (see above)
     print("+ " + " ".join(cmd), flush=True)
     # torchrun takes this process's place (same pid): a SIGTERM from a scheduler or a Ctrl-C
     # reaches torchrun itself, which stops every rank it started. A parent that only waited

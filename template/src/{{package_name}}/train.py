@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,7 @@ from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
 from .errors import UserError
 from .model import build_model
+from .stopping import StopOnSignal, Stopped
 
 log = logging.getLogger(__name__)
 DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
@@ -47,14 +49,18 @@ def main(cfg) -> list[dict]:
     dist.setup(cfg.dist.backend, cfg.dist.timeout_s, device)
     lock = run_dir_lock(Path(cfg.train.run_dir)) if dist.is_main_process() else contextlib.nullcontext()
     try:  # rank 0 writes the run's files: it holds run_dir for the run's length
-        with lock, dist.name_lost_ranks():
-            return fit(cfg, device)
+        with lock, dist.name_lost_ranks(), StopOnSignal() as stop:
+            return fit(cfg, device, stop)
     finally:
         dist.teardown()
 
 
-def fit(cfg, device: torch.device) -> list[dict]:
-    """Build the data, model and optimizer, resume if there is a checkpoint, and run the epochs."""
+def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dict]:
+    """Build the data, model and optimizer, resume if there is a checkpoint, and run the epochs.
+
+    On a signal (``stop``, see stopping.py) every rank ends after the same step, with a checkpoint.
+    """
+    stop = stop or StopOnSignal()
     run_dir = Path(cfg.train.run_dir)
     if dist.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +97,7 @@ def fit(cfg, device: torch.device) -> list[dict]:
         set_epoch(train_loader, epoch)
         planned = plan_epoch(train_loader, cfg, progress)
         train_stats = train_one_epoch(
-            ddp_model, task, optimizer, train_loader, compute, cfg, progress, planned, budget, checkpoint
+            ddp_model, task, optimizer, train_loader, compute, cfg, progress, planned, budget, checkpoint, stop
         )
         if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
             progress.epoch_batches = progress.batch
@@ -137,7 +143,20 @@ def fit(cfg, device: torch.device) -> list[dict]:
                 "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
                 *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
             )
+        if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
+            raise stopped(signum, progress, run_dir)
     return history
+
+
+def stopped(signum: int, progress: Progress, run_dir: Path) -> Stopped:
+    """What ends a run stopped by ``signum``, once every rank has its checkpoint on disk."""
+    dist.barrier()  # no rank leaves (its launcher would end the others) before rank 0 has written
+    name = signal.Signals(signum).name
+    return Stopped(
+        signum,
+        f"stopped by {name} after step {progress.step} (epoch {progress.epoch}, batch {progress.batch}); "
+        f"{run_dir / CHECKPOINT} holds it: run the same command again to go on from there",
+    )
 
 
 def plan_epoch(loader, cfg, progress: Progress) -> int | None:
@@ -162,7 +181,7 @@ def plan_epoch(loader, cfg, progress: Progress) -> int | None:
 
 
 def train_one_epoch(
-    model, task, optimizer, loader, compute: Compute, cfg, progress: Progress, planned, budget, checkpoint
+    model, task, optimizer, loader, compute: Compute, cfg, progress: Progress, planned, budget, checkpoint, stop=None
 ) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
@@ -203,10 +222,14 @@ def train_one_epoch(
             guard.check(model)  # reads the device once per interval, like the loss below
             waited = wait.seconds / max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}", data_wait=f"{waited:.0%}")
-        if cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0:
+        signum = stop.agreed() if stop is not None else None  # one small collective a step (stopping.py)
+        if signum or (cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0):
             guard.check(model)  # only finite weights are ever written
             sums = {"loss": loss_sum.item(), "samples": samples, "seconds": time.perf_counter() - start}
             checkpoint(progress, mid_epoch=True, sums=sums | {"wait_s": wait.seconds})
+        if signum:
+            bar.close()
+            raise stopped(signum, progress, Path(cfg.train.run_dir))
         if todo is None and cfg.train.max_batches and progress.batch >= cfg.train.max_batches:
             break
     bar.close()

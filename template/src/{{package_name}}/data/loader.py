@@ -17,9 +17,11 @@ import functools
 import logging
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import random
 import select
+import signal
 import threading
 import time
 import warnings
@@ -37,6 +39,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from .. import dist, project
 from ..errors import DataError, Stalled, UserError
+from ..stopping import STOP_SIGNALS
 from .source import Source
 from .tuned import read_tuned
 
@@ -144,7 +147,9 @@ def exit_with(pid: int) -> None:
 
 
 def init_worker(rank_pid: int, worker_id: int) -> None:
-    """``worker_init_fn``: seed the worker (:func:`seed_worker`) and end it with its rank (:func:`exit_with`)."""
+    """``worker_init_fn``: seed the worker (:func:`seed_worker`), end it with its rank (:func:`exit_with`),
+    and let the signals that stop a run pass it by (stopping.py): its rank stops it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     seed_worker(worker_id)
     exit_with(rank_pid)
 
@@ -247,6 +252,14 @@ def worker_context(method: str = "auto"):
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
+        # Started now, with the signals that stop a run blocked: the forkserver and every worker it
+        # forks inherit the mask, so a signal sent to the whole process group (torchrun's, Ctrl-C's)
+        # stops the rank alone, which then stops its workers. Blocked, not ignored: none is lost here.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return ctx
 
 
