@@ -17,7 +17,7 @@ import logging
 import sys
 
 from . import dist, project
-from .errors import Stalled, UserError
+from .errors import Stalled, UserError, is_disk_full
 from .stopping import Stopped
 
 
@@ -64,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path the user gave cannot be used (permissions, a file where a folder goes, ...)
-        if "--debug" in argv or not e.filename:
+        if "--debug" in argv or not (e.filename or is_disk_full(e)):
             raise
-        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        if is_disk_full(e):
+            where = e.filename or "a file (the disk is full, or `ulimit -f` was reached)"
+            print(f"error: {e.strerror}: {where}; free some space and run again", file=sys.stderr)
+        else:
+            print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
         return 2
     except Stalled as e:  # not a bug here: the message names what stopped answering
         if "--debug" in argv:

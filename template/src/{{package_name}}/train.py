@@ -34,7 +34,7 @@ from .compute import Compute, make_optimizer, setup_compute
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
-from .errors import UserError
+from .errors import DiskFull, UserError, is_disk_full
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
 
@@ -137,8 +137,7 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
                 project.PACKAGE,
             )
         if dist.is_main_process():
-            with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(metrics) + "\n")
+            write_metrics(run_dir / "metrics.jsonl", metrics)
             log.info(
                 "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
                 *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
@@ -157,6 +156,20 @@ def stopped(signum: int, progress: Progress, run_dir: Path) -> Stopped:
         f"stopped by {name} after step {progress.step} (epoch {progress.epoch}, batch {progress.batch}); "
         f"{run_dir / CHECKPOINT} holds it: run the same command again to go on from there",
     )
+
+
+def write_metrics(path: Path, metrics: dict) -> None:
+    """Append one epoch's line to ``metrics.jsonl``; a full disk is :class:`DiskFull` naming it."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFull(
+            f"{e.strerror.lower()} writing {path}: epoch {metrics['epoch']}'s checkpoint is written, its line here "
+            "is not; free some space and run again"
+        ) from None
 
 
 def plan_epoch(loader, cfg, progress: Progress) -> int | None:
