@@ -200,6 +200,8 @@ def _parse_override(text: str):
     if "=" not in text or "." not in dotted or not all(dotted.split(".")):
         raise ConfigError(f"override {text!r} is not of the form section.key=value (e.g. train.epochs=5)")
     try:
+        if text.endswith("="):  # `loader.tuned=` (what the shell makes of `loader.tuned=''`): the empty string
+            return OmegaConf.create({dotted.split(".", 1)[0]: {dotted.split(".", 1)[1]: ""}})
         return OmegaConf.from_dotlist([text])
     except OmegaConfBaseException as e:
         raise ConfigError(f"override {text!r} cannot be read: {str(e).splitlines()[0]}") from None
