@@ -236,7 +236,8 @@ def test_default_config(project: Rendered) -> None:
     required = {
         "data": {"root", "bad_sample_budget"},
         "loader": {"batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "drop_last"},
-        "train": {"epochs", "lr", "seed", "run_dir", "checkpoint_every", "resume"},
+        "optim": {"name", "lr", "weight_decay", "schedule"},
+        "train": {"epochs", "seed", "run_dir", "checkpoint_every", "resume"},
         "dist": {"backend", "timeout_s"},
     }
     required["data"] |= {"image": {"image_size"}, "sequence": {"max_len"}}.get(project.answers["data_format"], set())
@@ -295,8 +296,8 @@ def test_defaults_agree_in_the_dataclasses_the_yaml_and_the_readme(project: Rend
     assert mismatches(truth, edited, readme) == ["train.epochs: configs/default.yaml says 7, the dataclass 3"]
     dropped = re.sub(r"^  seed: .*\n", "", yaml_text, count=1, flags=re.MULTILINE)
     assert mismatches(truth, dropped, readme) == ["train.seed: missing from configs/default.yaml"]
-    edited_readme = re.sub(r"^(\| `train.lr` \| )`[^`]*`", r"\1`0.1`", readme, count=1, flags=re.MULTILINE)
-    assert mismatches(truth, yaml_text, edited_readme) == ["train.lr: README.md says 0.1, the dataclass 0.003"]
+    edited_readme = re.sub(r"^(\| `optim.lr` \| )`[^`]*`", r"\1`0.1`", readme, count=1, flags=re.MULTILINE)
+    assert mismatches(truth, yaml_text, edited_readme) == ["optim.lr: README.md says 0.1, the dataclass 0.003"]
 
 
 def test_pyproject(project: Rendered) -> None:
@@ -318,6 +319,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     they run once, on the folder and shards image projects; the kill -9 restart runs on each
     source's image project, 3 times on SQLite's.
 
+    Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start methods)
+    do not depend on the source or the format either: they run in the folder image project only.
+
     The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
     train on the CPU): what those numbers change, the launcher and the config, is tested, once
     per source, with the Slurm script's protocol under stub Slurm commands (test_slurm.py runs it
@@ -326,18 +330,18 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
     env = project_env(project.path)
     source = project.answers.get("stream_backend") or project.answers["data_source"]
-    selection = ["-m", "(slow or not slow) and not launcher"]
+    selection = ["-m", "(slow or not slow) and not launcher and not common"]
     if project.answers["num_gpus"] > 0:
         if project.answers["data_format"] != "image":
             pytest.skip("the GPU answers' launcher and config do not depend on the format: run with image")
         slurm = " or slurm" if source == "folder" else ""  # the sbatch script under stub Slurm: once
-        selection = ["-m", f"not slow{slurm}", "tests/test_launch.py", "tests/test_config.py"]
+        selection = ["-m", f"(not slow and not common){slurm}", "tests/test_launch.py", "tests/test_config.py"]
     elif project.answers["data_format"] != "image":  # the faults under launch: once per source
         selection += ["-k", "not kill_9"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         selection = ["-m", "slow or not slow", "-k", "not 200_short"]
     elif source == "shards":
-        selection = ["-m", "slow or not slow", "-k", "not (sigterm or stopped_rank or two_nodes)"]
+        selection = ["-m", "(slow or not slow) and not common", "-k", "not (sigterm or stopped_rank or two_nodes)"]
     elif source == "sqlite":
         env["RESTART_TRIES"] = "3"
     result = run(

@@ -1,12 +1,12 @@
-"""`copier update` from the first release (v0.1.0, commit e4c65c7) to this working tree, over a user's edits.
+"""`copier update` from each release (CHANGELOG.md names their commits) to this working tree, over a user's edits.
 
-As a user would: render v0.1.0 with --trust (a git repository with a first commit), train it
-once (a v0.1.0 checkpoint), edit a model default, config values and a comment, the README,
+As a user would: render a release with --trust (a git repository with a first commit), train it
+once (a checkpoint of that release), edit a model default, config values and a comment, the README,
 add a file of their own, commit, then `copier update` to the working tree. Files the user did
 not touch must update without conflict; every edit must survive; conflicts in the edited
 files are resolved by script as a user would (the template's new text, the user's values),
-after which the project's own tests pass and the old checkpoint stops `train` with one
-`error:` line.
+after which the project's own tests pass, and the old checkpoint resumes (a release of the
+same checkpoint format) or stops `train` with one `error:` line naming its release.
 """
 
 from __future__ import annotations
@@ -21,18 +21,22 @@ import pytest
 import yaml
 from conftest import REPO, git, project_env, render, rendered_files, run, tail
 
-FIRST_RELEASE = "e4c65c7"  # v0.1.0 (CHANGELOG.md)
+# Each release and its commit, as CHANGELOG.md names them (a test checks that it does).
+RELEASES = {"v0.1.0": "e4c65c7", "v0.2.0": "35323b2"}
+# Releases whose checkpoints this one resumes (the same checkpoint format); the others' are refused naming them.
+RESUMES_CHECKPOINTS_OF = {"v0.2.0"}
 USER_FILE = "notes/experiments.md"
 USER_README = "\n## Our cluster\n\nThe data lives on /scratch/cats; ask Ana for access.\n"
 USER_COMMENT = "\n# ours: the cluster's data lives on /scratch (kept across updates)"
 LOADER = "\nloader:\n"
 MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
 
+FOLDER_IMAGE = {"project_name": "Update Check", "data_source": "folder", "data_format": "image"}
+SHARDS_SEQUENCE = {"project_name": "Update Check", "data_source": "shards", "data_format": "sequence"}
 CASES = [
-    pytest.param({"project_name": "Update Check", "data_source": "folder", "data_format": "image"}, id="folder-image"),
-    pytest.param(
-        {"project_name": "Update Check", "data_source": "shards", "data_format": "sequence"}, id="shards-sequence"
-    ),
+    pytest.param(("v0.1.0", FOLDER_IMAGE), id="v0.1.0-folder-image"),
+    pytest.param(("v0.1.0", SHARDS_SEQUENCE), id="v0.1.0-shards-sequence"),
+    pytest.param(("v0.2.0", FOLDER_IMAGE), id="v0.2.0-folder-image"),
 ]
 
 
@@ -60,7 +64,7 @@ def user_edits(project: Path, data_format: str) -> dict[str, list[tuple[str, str
         path = project / rel
         text = path.read_text(encoding="utf-8")
         for old, new in pairs:
-            assert old in text, f"v0.1.0 {rel} has no {old!r}: pick another edit"
+            assert old in text, f"the release's {rel} has no {old!r}: pick another edit"
             text = text.replace(old, new, 1) if old else text + new
         path.write_text(text, encoding="utf-8")
     (project / USER_FILE).parent.mkdir()
@@ -78,19 +82,34 @@ def resolve(text: str, edits: list[tuple[str, str]]) -> str:
     return resolved
 
 
+def test_the_changelog_names_each_release_s_commit() -> None:
+    changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    named = dict(re.findall(r"^## (v\d+\.\d+\.\d+) \N{EM DASH} commit ([0-9a-f]{7,40})\b", changelog, re.MULTILINE))
+    versions = re.findall(r"^## (v\d+\.\d+\.\d+)", changelog, re.MULTILINE)
+    assert versions and set(named) == set(versions), f"a version without its commit: {set(versions) - set(named)}"
+    assert named == RELEASES, "RELEASES here and CHANGELOG.md disagree"
+    for version, commit in named.items():
+        kind = subprocess.run(["git", "cat-file", "-t", commit], cwd=REPO, capture_output=True, text=True, check=False)
+        assert kind.stdout.strip() == "commit", f"{version}'s commit {commit} is not in this clone"
+        newest = re.search(r"^## (v\S+)", git(REPO, "show", f"{commit}:CHANGELOG.md"), re.MULTILINE)
+        assert newest and newest[1] == version, f"{commit}'s CHANGELOG.md does not top out at {version}"
+
+
 @pytest.fixture(scope="module", params=CASES)
 def updated(request, tmp_path_factory) -> dict:
-    if subprocess.run(["git", "cat-file", "-e", f"{FIRST_RELEASE}^{{commit}}"], cwd=REPO, check=False).returncode:
-        pytest.fail(f"commit {FIRST_RELEASE} (v0.1.0) is not in this clone: fetch the full history to test the update")
+    release, answers = request.param
+    commit = RELEASES[release]
+    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, check=False).returncode:
+        pytest.fail(f"commit {commit} ({release}) is not in this clone: fetch the full history to test the update")
     project = tmp_path_factory.mktemp("update") / "project"
-    render(project, tasks=True, vcs_ref=FIRST_RELEASE, **request.param)
+    render(project, tasks=True, vcs_ref=commit, **answers)
     before = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
-    # v0.1.0 trains once: the checkpoint a user has when they update
+    # the release trains once: the checkpoint a user has when they update
     assert cli(project, "sample-data", "--per-class", "8").returncode == 0
     trained = cli(project, "train", "train.epochs=1", "loader.tuned=''", "loader.batch_size=8")
     assert trained.returncode == 0, tail(trained.stdout)
     assert (project / "runs" / "default" / "checkpoint.pt").is_file()
-    keep = user_edits(project, request.param["data_format"])
+    keep = user_edits(project, answers["data_format"])
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "my changes")
     edited_commit = git(project, "rev-parse", "HEAD")
@@ -103,6 +122,8 @@ def updated(request, tmp_path_factory) -> dict:
         if any(line.startswith(MARKERS) for line in content.decode("utf-8", errors="replace").splitlines())
     )
     return {
+        "release": release,
+        "commit": commit,
         "project": project,
         "files": files,
         "keep": keep,
@@ -113,8 +134,9 @@ def updated(request, tmp_path_factory) -> dict:
     }
 
 
-def test_the_first_release_renders_a_git_repository(updated: dict) -> None:
-    assert updated["before"]["_commit"].startswith(("v0.1.0", FIRST_RELEASE[:7])), updated["before"]["_commit"]
+def test_the_release_renders_a_git_repository(updated: dict) -> None:
+    commit = updated["before"]["_commit"]  # the tag, or copier's 0.0.0.postN+<commit> without tags
+    assert commit.startswith(updated["release"]) or updated["commit"] in commit, commit
 
 
 def test_files_the_user_did_not_touch_update_without_conflict(updated: dict) -> None:
@@ -154,14 +176,18 @@ def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
         path = project / rel
         path.write_text(resolve(path.read_text(encoding="utf-8"), updated["keep"].get(rel, [])), encoding="utf-8")
     test_every_user_edit_survives({**updated, "files": rendered_files(project)})
-    old = cli(project, "train", "loader.tuned=''")  # the v0.1.0 checkpoint in runs/default
-    errors = [line for line in old.stdout.splitlines() if line.startswith("error:")]
-    assert old.returncode == 2 and len(errors) == 1 and "Traceback" not in old.stdout, tail(old.stdout)
-    assert "v0.1.0" in errors[0] and "train.resume=never" in errors[0]
+    old = cli(project, "train", "loader.tuned=''", "train.epochs=2")  # the release's checkpoint in runs/default
+    if updated["release"] in RESUMES_CHECKPOINTS_OF:
+        assert old.returncode == 0 and "resumed from" in old.stdout and "at epoch 1" in old.stdout, tail(old.stdout)
+    else:
+        errors = [line for line in old.stdout.splitlines() if line.startswith("error:")]
+        assert old.returncode == 2 and len(errors) == 1 and "Traceback" not in old.stdout, tail(old.stdout)
+        assert updated["release"] in errors[0] and "train.resume=never" in errors[0]
     fresh = cli(project, "train", "train.resume=never", "train.epochs=1", "loader.tuned=''", "loader.batch_size=8")
     assert fresh.returncode == 0, tail(fresh.stdout)
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        # the fast suite, but for what does not depend on the project (the render tests run that once)
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow and not common"],
         project,
         env=project_env(project),
         timeout=800,

@@ -210,16 +210,15 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
 
 def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
     """The model's training step on a real batch, on the training device, against the loader."""
-    from .compute import make_optimizer, setup_compute
+    from .compute import make_optimizer, setup_compute, train_step
     from .model import build_model
-    from .train import train_step
 
     device = dist.pick_device(project.NUM_GPUS)
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
     model = build_model(cfg, dataset.num_classes, dataset.task.sample_shape).to(device)
     model.train()
     compute = setup_compute(cfg.train.amp, device, model)
-    optimizer = make_optimizer(model, 1e-3, 0.0, device)
+    optimizer = make_optimizer(model, cfg.optim, device)
     times = []
     for i in range(12):  # 3 warm-up steps, 9 timed
         start = time.perf_counter()

@@ -312,6 +312,12 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
             f"{saved['path']} holds weights of another model ({' '.join(str(e).split())[:200]}): start a new run "
             "with train.resume=never (or another train.run_dir)"
         ) from None
+    was = saved.get("config", {}).get("optim", {}).get("name", "adamw")  # before optim.*, always AdamW
+    if was != cfg.optim.name:
+        raise UserError(
+            f"{saved['path']} holds the state of a {was} optimizer, and optim.name={cfg.optim.name}: its moments "
+            f"cannot carry over; pass optim.name={was} to continue, or train.resume=never to start a new run"
+        )
     optimizer.load_state_dict(saved["optimizer"])
     progress = Progress(**saved["progress"])
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -337,8 +343,8 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
 def config_changes(saved: dict, now: dict) -> list[str]:
     """``"section.key old -> new"`` for each config value that differs from the checkpoint's.
 
-    >>> config_changes({"train": {"lr": 0.1, "epochs": 3}}, {"train": {"lr": 0.01, "epochs": 3}})
-    ['train.lr 0.1 -> 0.01']
+    >>> config_changes({"optim": {"lr": 0.1, "name": "sgd"}}, {"optim": {"lr": 0.01, "name": "sgd"}})
+    ['optim.lr 0.1 -> 0.01']
     """
     return [
         f"{section}.{key} {saved[section][key]} -> {value}"

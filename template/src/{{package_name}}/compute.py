@@ -10,10 +10,11 @@ GPU and returns the :class:`Compute` that ``train`` and ``bench`` step with:
 - cuDNN's autotuner (``cudnn.benchmark``): inputs keep their shape, so the fastest
   convolution kernels are picked once;
 - ``channels_last`` for models with 2-d convolutions (faster on tensor cores);
-- the fused AdamW kernel (:func:`make_optimizer`), which also takes the loss scale without
-  reading it back to the host.
+- the fused optimizer kernel (AdamW's or SGD's, :func:`make_optimizer`), which also takes the
+  loss scale without reading it back to the host.
 
-On the CPU everything stays float32 and contiguous.
+On the CPU everything stays float32 and contiguous. :func:`train_step`, the step both take,
+lives here: ``bench`` times it without importing the training loop.
 """
 
 from __future__ import annotations
@@ -91,6 +92,32 @@ def setup_compute(amp, device: torch.device, model: nn.Module) -> Compute:
     )
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; on a GPU its fused kernel (one launch for all parameters)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+def make_optimizer(model: nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer ``optim`` (:class:`~.config.OptimConfig`) names; on a GPU its fused kernel
+    (one launch for all parameters)."""
+    fused = device.type == "cuda"
+    if optim.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=optim.lr,
+            momentum=optim.momentum,
+            nesterov=optim.momentum > 0,
+            weight_decay=optim.weight_decay,
+            fused=fused,
+        )
+    return torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
+
+
+def train_step(model, task, optimizer, batch: dict, compute: Compute, weight: float = 1.0) -> torch.Tensor:
+    """Forward, backward and an optimizer step on one batch; returns the (detached) mean loss.
+
+    ``weight=0`` is a stand-in step: it takes part in DDP's all-reduce with zero gradients, so
+    every rank takes the same steps.
+    """
+    inputs, target = compute.inputs(task, batch)
+    with compute.autocast():
+        logits = model(*inputs)
+    loss = task.loss(logits, target)
+    optimizer.zero_grad(set_to_none=True)
+    compute.backward_and_step(loss * weight, optimizer)
+    return loss.detach()

@@ -16,6 +16,7 @@ the directory the command runs in (the project root).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,10 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from . import project
 from .data import SourceConfig
 from .errors import ConfigError, require
+from .model import ModelConfig
 from .task import TaskConfig
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
 AUTO = "auto"
@@ -99,10 +103,6 @@ class TrainConfig:
 
     # Passes over the training data.
     epochs: int = 3
-    # Peak learning rate of AdamW; a cosine schedule decays it to zero.
-    lr: float = 3e-3
-    # AdamW weight decay.
-    weight_decay: float = 0.05
     # Seeds model init, sampling order and augmentation: the same seed repeats a run.
     seed: int = 0
     # Metrics, checkpoint and bench reports go here.
@@ -120,12 +120,39 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require("train.epochs", self.epochs, self.epochs >= 1, ">= 1")
-        require("train.lr", self.lr, 0 < self.lr < float("inf"), "a finite number > 0")
-        require("train.weight_decay", self.weight_decay, self.weight_decay >= 0, ">= 0")
         require("train.checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 0, ">= 0")
         require("train.log_every", self.log_every, self.log_every >= 1, ">= 1")
         require("train.max_batches", self.max_batches, self.max_batches >= 0, ">= 0")
         _auto_or_bool("train.amp", self.amp)
+
+
+@dataclass
+class OptimConfig:
+    """``optim.*``: the optimizer and its learning-rate schedule (compute.py builds them)."""
+
+    # adamw, or sgd (with Nesterov momentum).
+    name: str = "adamw"
+    # Peak learning rate: the schedule starts there.
+    lr: float = 3e-3
+    # Weight decay (decoupled from the gradient in AdamW).
+    weight_decay: float = 0.05
+    # SGD's momentum (AdamW ignores it).
+    momentum: float = 0.9
+    # cosine = decay to zero over the run; constant = optim.lr throughout.
+    schedule: str = "cosine"
+
+    def __post_init__(self) -> None:
+        require("optim.name", self.name, self.name in OPTIMIZERS, " or ".join(OPTIMIZERS))
+        require("optim.lr", self.lr, 0 < self.lr < float("inf"), "a finite number > 0")
+        require("optim.weight_decay", self.weight_decay, self.weight_decay >= 0, ">= 0")
+        require("optim.momentum", self.momentum, 0 <= self.momentum < 1, "0 <= momentum < 1")
+        require("optim.schedule", self.schedule, self.schedule in SCHEDULES, " or ".join(SCHEDULES))
+
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("cosine", "constant")
+# Keys that moved, and where to: an old config naming them still works, with a warning.
+MOVED = {"train.lr": "optim.lr", "train.weight_decay": "optim.weight_decay"}
 
 
 @dataclass
@@ -146,6 +173,8 @@ class DistConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
 
@@ -158,7 +187,7 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
 
     Args:
         path: YAML file; ``None`` reads ``configs/default.yaml`` when it exists.
-        overrides: strings such as ``"train.epochs=5"`` or ``"train.lr=1e-4"``, applied last.
+        overrides: strings such as ``"train.epochs=5"`` or ``"optim.lr=1e-4"``, applied last.
     """
     if path is None and DEFAULT_CONFIG.is_file():
         path = DEFAULT_CONFIG
@@ -174,6 +203,15 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
 
 
 def _merge(conf, layer, where: str):
+    for old, new in MOVED.items():  # an old key still works, once, with a warning naming its new home
+        section, key = old.split(".")
+        if key in (layer.get(section) or {}):
+            value = layer[section].pop(key)
+            new_section, new_key = new.split(".")
+            if new_key in (layer.get(new_section) or {}):
+                raise ConfigError(f"{old} and {new}{' ' + where if where else ''} name one setting: keep {new}")
+            OmegaConf.update(layer, new, value, merge=True)
+            log.warning("%s is now %s (%s): rename it there", old, new, where)
     try:
         return OmegaConf.merge(conf, layer)
     except OmegaConfBaseException as e:
@@ -188,7 +226,8 @@ def _read_yaml(path: Path):
     except Exception as e:  # the YAML parser's errors carry the line and column
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
     if not OmegaConf.is_dict(tree):
-        raise ConfigError(f"config file {path} must hold a mapping of sections (data, loader, train, dist)")
+        sections = ", ".join(f.name for f in dataclasses.fields(Config))
+        raise ConfigError(f"config file {path} must hold a mapping of sections ({sections})")
     for section, keys in tree.items():
         if keys is not None and not OmegaConf.is_dict(keys):
             raise ConfigError(f"section {section} in {path} must be a mapping of key: value (got {keys!r})")

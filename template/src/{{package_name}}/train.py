@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from . import dist, project
 from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_workers, resume, run_dir_lock, save
-from .compute import Compute, make_optimizer, setup_compute
+from .compute import Compute, make_optimizer, setup_compute, train_step
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
@@ -78,7 +78,7 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     ddp_model = model
     if dist.is_distributed():
         ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, device)
+    optimizer = make_optimizer(model, cfg.optim, device)
     checkpoint = functools.partial(save, cfg, run_dir, model, optimizer, train_loader, device)
 
     progress = Progress()
@@ -226,7 +226,7 @@ def train_one_epoch(
         if (batch is None or not batch["key"]) and not dist.is_distributed():
             continue  # one process has no replica to keep in step: no stand-in step
         batch, n, last = trainable(batch, last, spare)
-        set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.train.lr))
+        set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.optim))
         loss = train_step(model, task, optimizer, batch, compute, weight=1.0 if n else 0.0)
         loss_sum += loss * n
         samples, progress.step = samples + n, progress.step + 1
@@ -314,25 +314,10 @@ class FiniteGuard:
             kept = f"{saved} holds the last good weights" if saved.is_file() else "no checkpoint was written"
             raise UserError(
                 f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch {keys[:8]}: "
-                f"look for bad values in those samples, or lower train.lr; nothing was saved after it ({kept})"
+                f"look for bad values in those samples, or lower optim.lr; nothing was saved after it ({kept})"
             )
         self.steps.clear()
         self.flags.fill_(True)
-
-
-def train_step(model, task, optimizer, batch: dict, compute: Compute, weight: float = 1.0) -> torch.Tensor:
-    """Forward, backward and an optimizer step on one batch; returns the (detached) mean loss.
-
-    ``weight=0`` is a stand-in step: it takes part in DDP's all-reduce with zero gradients, so
-    every rank takes the same steps.
-    """
-    inputs, target = compute.inputs(task, batch)
-    with compute.autocast():
-        logits = model(*inputs)
-    loss = task.loss(logits, target)
-    optimizer.zero_grad(set_to_none=True)
-    compute.backward_and_step(loss * weight, optimizer)
-    return loss.detach()
 
 
 def trainable(batch: dict | None, last: dict | None, spare) -> tuple[dict, int, dict]:
@@ -392,15 +377,19 @@ def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget) -> 
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "samples": int(n)}
 
 
-def learning_rate(step: int, total_steps: int | None, peak: float) -> float:
-    """Cosine decay from ``peak`` to 0 over ``total_steps`` (``peak`` while the length is unknown).
+def learning_rate(step: int, total_steps: int | None, optim) -> float:
+    """``optim.lr`` on ``optim.schedule``: cosine decays it to 0 over ``total_steps`` (``optim.lr``
+    while the length is unknown), constant keeps it.
 
-    >>> learning_rate(0, 100, 1.0), learning_rate(50, 100, 1.0), learning_rate(100, 100, 1.0)
-    (1.0, 0.5, 0.0)
+    >>> from types import SimpleNamespace as S
+    >>> [learning_rate(step, 100, S(lr=1.0, schedule="cosine")) for step in (0, 50, 100)]
+    [1.0, 0.5, 0.0]
+    >>> learning_rate(50, 100, S(lr=1.0, schedule="constant"))
+    1.0
     """
-    if not total_steps:
-        return peak
-    return 0.5 * peak * (1 + math.cos(math.pi * min(step / total_steps, 1.0)))
+    if not total_steps or optim.schedule == "constant":
+        return optim.lr
+    return 0.5 * optim.lr * (1 + math.cos(math.pi * min(step / total_steps, 1.0)))
 
 
 def set_learning_rate(optimizer, lr: float) -> None:

@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -307,6 +308,9 @@ _task: Task | None = None  # the packing process's task (set by _init)
 
 def _init(cfg_data, examples: list[bytes]) -> None:
     global _task
+    # Pool.terminate() (the end of its `with`) stops these processes with SIGTERM; forked from a
+    # forkserver that started with it blocked (see worker_context), they would never end.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _task = Task(cfg_data, "val")
     _task.prepare(examples, where=cfg_data.root)  # the checks every sample then meets (a tensor's shape)
     torch.set_num_threads(1)
