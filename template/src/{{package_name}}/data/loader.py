@@ -18,6 +18,7 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import random
 import select
@@ -250,6 +251,7 @@ def worker_context(method: str = "auto"):
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     ctx = multiprocessing.get_context(method)
+    _end_workers_at_exit()
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
         # Started now, with the signals that stop a run blocked: the forkserver and every worker it
@@ -261,6 +263,26 @@ def worker_context(method: str = "auto"):
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return ctx
+
+
+@functools.cache
+def _end_workers_at_exit() -> None:
+    """At exit, kill the workers still running, before multiprocessing stops them with SIGTERM.
+
+    multiprocessing's exit handler sends its daemonic children SIGTERM and waits for them; the
+    workers block it (see worker_context), so a worker that a failed run left behind (an error
+    raised while its loader was open) would make the process wait forever after its ``error:``
+    line. This runs first (a finalizer of high priority) and kills them.
+    """
+
+    def kill() -> None:
+        for worker in worker_processes():
+            try:
+                worker.kill()
+            except psutil.Error:  # it ended meanwhile
+                continue
+
+    multiprocessing.util.Finalize(None, kill, exitpriority=100)
 
 
 def worker_processes() -> list[psutil.Process]:
