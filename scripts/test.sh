@@ -10,4 +10,4 @@ ruff check .
 ruff format --check .
 # Two workers: the rendered projects' suites spend much of their time starting processes; the real-Slurm
 # tests (one cluster) stay together on one of them (--dist loadgroup).
-python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=40 "$@"

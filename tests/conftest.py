@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 COPIER_YML = REPO / "copier.yml"
 
 # Seconds a rendered project's whole test suite may take (the design wants it fast).
-RENDERED_TESTS_TIMEOUT_S = int(os.environ.get("TORCHFEED_RENDERED_TESTS_TIMEOUT_S", "900"))
+RENDERED_TESTS_TIMEOUT_S = int(os.environ.get("TORCHFEED_RENDERED_TESTS_TIMEOUT_S", "1200"))
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "torchfeed tests",

@@ -5,10 +5,11 @@
         cluster.wait(job, {"COMPLETED"}, timeout=300)
 
 It writes a ``slurm.conf`` of its own in a temporary folder (free ports, its own state and spool
-folders), starts ``munged`` if none answers, then ``slurmctld`` and two ``slurmd`` (``-N node1``
-and ``-N node2``) on this host, and waits until both nodes are idle. Closing it stops the
-processes it started, and those alone (by the process groups it gave them): a ``munged`` that
-was running before is left running. Every client command gets ``SLURM_CONF``.
+folders), starts a ``munged`` of its own (its own socket, ``AuthInfo=socket=...``: a system
+``munged`` that another program starts or stops does not matter), then ``slurmctld`` and two
+``slurmd`` (``-N node1`` and ``-N node2``) on this host, and waits until both nodes are idle.
+Closing it stops the processes it started, and those alone (by the process groups it gave
+them). Every client command gets ``SLURM_CONF``.
 
 What it needs (root, the packages) is checked by :func:`unavailable`; ``.ci/run`` installs the
 packages (``apt-get install -y slurm-wlm munge``), and a test run that sets
@@ -25,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+AuthInfo=socket={munge_socket}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
@@ -91,13 +94,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _munge_answers() -> bool:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        encoded = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
-        return encoded.returncode == 0
-    return False
-
-
 @dataclass
 class SlurmCluster:
     """A running one-host, two-node Slurm (see the module's docstring)."""
@@ -105,7 +101,7 @@ class SlurmCluster:
     root: Path
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
-    munged: int | None = None  # the pid of the munged this cluster started, if it started one
+    munge_dir: Path | None = None  # its munged's socket, pid and seed files (a folder the munge user owns)
 
     @classmethod
     def start(cls, root: Path, timeout: float = 60) -> SlurmCluster:
@@ -115,9 +111,13 @@ class SlurmCluster:
         host = socket.gethostname()
         ports = {"ctld_port": _free_port(), "port1": _free_port(), "port2": _free_port()}
         conf = root / "slurm.conf"
-        conf.write_text(CONF.format(host=host, root=root, cpus=os.cpu_count() or 1, **ports), encoding="utf-8")
+        munge_dir = Path(tempfile.mkdtemp(prefix="torchfeed-munge-"))  # munge may not enter pytest's 0700 folders
         env = {**os.environ, "SLURM_CONF": str(conf)}
-        cluster = cls(root, env)
+        cluster = cls(root, env, munge_dir=munge_dir)
+        conf.write_text(
+            CONF.format(host=host, root=root, cpus=os.cpu_count() or 1, munge_socket=cluster.munge_socket, **ports),
+            encoding="utf-8",
+        )
         try:
             cluster._start_munge()
             cluster._spawn(["slurmctld", "-D", "-c", "-f", str(conf)], "slurmctld")
@@ -129,21 +129,29 @@ class SlurmCluster:
             raise
         return cluster
 
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    def _munge_answers(self) -> bool:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            encoded = subprocess.run(["munge", "-n", "-S", str(self.munge_socket)], capture_output=True, timeout=10)
+            return encoded.returncode == 0
+        return False
+
     def _start_munge(self) -> None:
-        if _munge_answers():
-            return
-        run_dir = Path("/run/munge")
-        run_dir.mkdir(mode=0o755, exist_ok=True)
+        """A foreground munged as the munge user, in its own process group, on this cluster's socket."""
         user = pwd.getpwnam("munge")
-        os.chown(run_dir, user.pw_uid, user.pw_gid)
-        subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True, timeout=30)
+        self.munge_dir.chmod(0o755)
+        os.chown(self.munge_dir, user.pw_uid, user.pw_gid)
+        files = [f"--pid-file={self.munge_dir / 'munged.pid'}", f"--seed-file={self.munge_dir / 'munged.seed'}"]
+        command = ["runuser", "-u", "munge", "--", "munged", "-F", f"--socket={self.munge_socket}", *files]
+        self._spawn(command, "munged")
         deadline = time.monotonic() + 15
-        while not _munge_answers():
-            if time.monotonic() > deadline:
-                raise RuntimeError("munged started but does not answer `munge -n`")
+        while not self._munge_answers():
+            if self.procs[-1].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged does not answer `munge -n`:\n{self.logs()}")
             time.sleep(0.1)
-        with contextlib.suppress(OSError, ValueError):
-            self.munged = int((run_dir / "munged.pid").read_text().strip())
 
     def _spawn(self, cmd: list[str], name: str) -> None:
         with open(self.root / f"{name}.out", "wb") as out:
@@ -232,7 +240,7 @@ class SlurmCluster:
                 while jobs and time.monotonic() < deadline:
                     time.sleep(0.5)
                     jobs = self.run(["squeue", "-h", "-o", "%i"], check=False, timeout=10).stdout.split()
-        for proc in reversed(self.procs):  # the slurmds, then slurmctld
+        for proc in reversed(self.procs):  # the slurmds, then slurmctld, then munged
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -243,9 +251,8 @@ class SlurmCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-        if self.munged is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.munged, signal.SIGTERM)
+        if self.munge_dir is not None:
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
 
     def __enter__(self) -> SlurmCluster:
         return self

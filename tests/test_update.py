@@ -4,9 +4,11 @@ As a user would: render a release with --trust (a git repository with a first co
 once (a checkpoint of that release), edit a model default, config values and a comment, the README,
 add a file of their own, commit, then `copier update` to the working tree. Files the user did
 not touch must update without conflict; every edit must survive; conflicts in the edited
-files are resolved by script as a user would (the template's new text, the user's values),
-after which the project's own tests pass, and the old checkpoint resumes (a release of the
-same checkpoint format) or stops `train` with one `error:` line naming its release.
+files are resolved by script as a user would (the template's new text, the user's values).
+Then every file the user did not edit is byte for byte a fresh render's (whose suite
+test_render.py runs), the tests of the files they edited (model, config) pass, the project
+trains, and the old checkpoint resumes (a release of the same checkpoint format) or stops
+`train` with one `error:` line naming its release.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import pytest
 import yaml
 from conftest import REPO, git, project_env, render, rendered_files, run, tail
 
+# One worker builds each release's updated project once (under xdist, each worker would build its own).
+pytestmark = pytest.mark.xdist_group("update")
 # Each release and its commit, as CHANGELOG.md names them (a test checks that it does).
 RELEASES = {"v0.1.0": "e4c65c7", "v0.2.0": "35323b2"}
 # Releases whose checkpoints this one resumes (the same checkpoint format); the others' are refused naming them.
@@ -123,6 +127,7 @@ def updated(request, tmp_path_factory) -> dict:
     )
     return {
         "release": release,
+        "answers": answers,
         "commit": commit,
         "project": project,
         "files": files,
@@ -144,6 +149,17 @@ def test_files_the_user_did_not_touch_update_without_conflict(updated: dict) -> 
     assert not rejects, f"rejected hunks: {rejects}"
     untouched_conflicts = [rel for rel in updated["conflicted"] if rel not in updated["keep"]]
     assert not untouched_conflicts, f"conflicts in files the user never edited: {untouched_conflicts}"
+
+
+def test_every_file_the_user_did_not_edit_is_what_a_fresh_render_writes(updated: dict, tmp_path: Path) -> None:
+    """The update leaves no trace of the release in the template's files: they are this version's, byte for byte."""
+    fresh = tmp_path / "fresh"
+    render(fresh, **updated["answers"])
+    ours = {**updated["keep"], ".copier-answers.yml": []}  # the user's files, and the answers (their _commit)
+    differ = [
+        rel for rel, text in rendered_files(fresh).items() if rel not in ours and updated["files"].get(rel) != text
+    ]
+    assert not differ, f"after the update these differ from a fresh render: {differ}"
 
 
 def test_every_user_edit_survives(updated: dict) -> None:
@@ -185,9 +201,11 @@ def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
         assert updated["release"] in errors[0] and "train.resume=never" in errors[0]
     fresh = cli(project, "train", "train.resume=never", "train.epochs=1", "loader.tuned=''", "loader.batch_size=8")
     assert fresh.returncode == 0, tail(fresh.stdout)
+    # Every other file is a fresh render's (the test above), whose suite test_render.py runs: here
+    # the tests of the files the user edited, the model and the config.
+    edited_tests = ["tests/test_model.py", "tests/test_config.py"]
     result = run(
-        # the fast suite, but for what does not depend on the project (the render tests run that once)
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow and not common"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", *edited_tests],
         project,
         env=project_env(project),
         timeout=800,

@@ -208,6 +208,10 @@ def train_one_epoch(
     loss_sum = torch.full((), carried.get("loss", 0.0), dtype=torch.float64, device=device)
     samples, last = carried.get("samples", 0), None
     todo = None if planned is None else planned - progress.batch
+    if todo is not None and todo <= 0:
+        # Resumed from a checkpoint on the epoch's last step: the loader holds the position at the
+        # epoch's end, which its next iterator would continue into (and end at once). This one does.
+        next(iter(loader), None)
     spare = functools.partial(spare_batch, loader.dataset)
     bar = tqdm(
         total=planned,
