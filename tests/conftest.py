@@ -203,3 +203,15 @@ def hermetic_git(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         for key, value in env.items():
             mp.setenv(key, value)
         yield
+
+
+# The modules whose tests are long and one of a kind (a cluster, an install, a user's changes,
+# updates): run first, so that the two workers' last tests are the short ones and end together.
+LONG_FIRST = ("test_slurm.py", "test_users_changes.py", "test_install.py", "test_update.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def order(item: pytest.Item) -> int:
+        return LONG_FIRST.index(item.path.name) if item.path.name in LONG_FIRST else len(LONG_FIRST)
+
+    items.sort(key=order)  # stable: each module keeps its own order (its fixtures' renders)

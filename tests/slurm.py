@@ -42,7 +42,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+# cred_expire: how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket={munge_socket},cred_expire=20
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid

@@ -23,7 +23,11 @@ from slurm import REQUIRE, SlurmCluster, unavailable
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("slurm")]
 PACKAGE = "slurm_check"
 TRIES = int(os.environ.get("TORCHFEED_SLURM_KILL_TRIES", "1"))
-SMALL = ["loader.tuned=''", "loader.batch_size=4", "data.image_size=32"]  # 4 steps an epoch on 2 ranks
+SMALL = ["loader.tuned=''", "loader.batch_size=4", "data.image_size=32"]  # 4 steps an epoch on 2 ranks (args after win)
+# The signal tests: 8 steps an epoch, signalled after the checkpoint at step 2, so that the signal
+# lands while the epoch trains (a signal as validation starts its workers is not yet handled: see
+# the project's CHANGELOG).
+MID_EPOCH = ["loader.batch_size=2", "train.checkpoint_every=2"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,7 @@ def project(tmp_path_factory) -> Path:
 
 def submit(cluster: SlurmCluster, project: Path, *args: str) -> int:
     env = {**project_env(project), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return cluster.sbatch(project / "scripts" / "slurm.sbatch", *args, *SMALL, cwd=project, env=env)
+    return cluster.sbatch(project / "scripts" / "slurm.sbatch", *SMALL, *args, cwd=project, env=env)
 
 
 def log_of(project: Path, job: int) -> str:
@@ -112,19 +116,16 @@ def test_kill_9_of_a_rank_on_either_node_recovers_and_completes(cluster, project
 
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_completes(cluster, project, tmp_path):
     run_dir = tmp_path / "run"
-    job = submit(cluster, project, "train.epochs=4", "train.checkpoint_every=0", f"train.run_dir={run_dir}")
+    job = submit(cluster, project, "train.epochs=4", *MID_EPOCH, f"train.run_dir={run_dir}")
     log = lambda: log_of(project, job)  # noqa: E731
-    wait_for(lambda: epochs(run_dir), 180, "a trained epoch", log)
+    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 180, "a checkpoint", log)
     cluster.scancel(job, "--batch", "--signal=USR1")  # what #SBATCH --signal=B:USR1@120 sends
     sent = time.time()
     took = wait_for(lambda: "stopped by SIGTERM after step" in log(), 60, "the stop", log)
     checkpoint = run_dir / "checkpoint.pt"
     assert checkpoint.stat().st_mtime >= sent
     stopped = {int(s) for s in re.findall(r"stopped by SIGTERM after step (\d+)", log())}
-    # Slurm holds a requeued job about two minutes (its BeginTime) before it may start again; the
-    # test lets it start at once, which changes nothing the job does.
-    wait_for(lambda: pending_again(cluster.job(job)), 120, "the requeue", log)
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    wait_for(lambda: pending_again(cluster.job(job)), 120, "the requeue", log)  # held cred_expire (tests/slurm.py)
     state = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"}, 400)
     text = log()
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (state, tail(text))
@@ -142,9 +143,9 @@ def pending_again(fields: dict[str, str]) -> bool:
 
 def test_scancel_stops_training_with_a_checkpoint_within_killwait(cluster, project, tmp_path):
     run_dir = tmp_path / "run"
-    job = submit(cluster, project, "train.epochs=1000", "train.checkpoint_every=0", f"train.run_dir={run_dir}")
+    job = submit(cluster, project, "train.epochs=1000", *MID_EPOCH, f"train.run_dir={run_dir}")
     log = lambda: log_of(project, job)  # noqa: E731
-    wait_for(lambda: epochs(run_dir), 180, "a trained epoch", log)
+    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 180, "a checkpoint", log)
     cluster.scancel(job)  # SIGTERM to every step, SIGKILL after KillWait (30 s)
     sent = time.time()
     took = wait_for(lambda: "stopped by SIGTERM after step" in log(), 30, "the stop within KillWait", log)

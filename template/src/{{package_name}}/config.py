@@ -113,6 +113,8 @@ class TrainConfig:
     resume: str = AUTO
     # Steps between progress updates (the host reads the loss from the device only then).
     log_every: int = 50
+    # Also log to TensorBoard, in <run_dir>/tensorboard (pip install -e ".[tensorboard]"); metrics.jsonl always.
+    tensorboard: bool = False
     # Stop each epoch after this many batches (0 = the whole epoch); for smoke runs.
     max_batches: int = 0
     # Mixed precision on a GPU (bf16 where native, else fp16 with loss scaling; compute.py); auto = on.

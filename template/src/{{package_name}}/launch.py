@@ -65,15 +65,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
     """The torchrun command line (``python -m torch.distributed.run`` of this interpreter)."""
     if command[0] not in COMMANDS:
-        raise SystemExit(f"launch runs one of {', '.join(COMMANDS)} (got {command[0]!r}); e.g. launch -- train")
+        raise UserError(f"launch runs one of {', '.join(COMMANDS)} (got {command[0]!r}); e.g. launch -- train")
     if args.nproc_per_node < 1 or args.nnodes < 1:
-        raise SystemExit(f"--nproc-per-node ({args.nproc_per_node}) and --nnodes ({args.nnodes}) must be >= 1")
+        raise UserError(f"--nproc-per-node ({args.nproc_per_node}) and --nnodes ({args.nnodes}) must be >= 1")
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if args.nnodes == 1 and args.rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
         if args.rdzv_endpoint is None:
-            raise SystemExit(
+            raise UserError(
                 f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the first node); "
                 "for a run on this machine alone pass --nnodes 1"
             )
@@ -89,6 +89,11 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
         ]
         if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
+        node = args.node_rank if args.node_rank is not None else os.environ.get("SLURM_NODEID")
+        if node is not None:
+            # The first node's launch hosts the rendezvous store, the others only dial it: left to
+            # torchrun, every launch on a host that answers to the endpoint's address tries to host it.
+            cmd += ["--rdzv-conf", f"is_host={'true' if str(node) == '0' else 'false'}"]
     cmd += ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
     return cmd + ["-m", project.PACKAGE, *command]
 

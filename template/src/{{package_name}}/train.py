@@ -12,16 +12,17 @@ intervals: losses and counts add up on the device and are read every ``train.log
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import json
 import logging
 import math
 import random
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,11 +35,13 @@ from .compute import Compute, make_optimizer, setup_compute, train_step
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
-from .errors import DiskFull, UserError, is_disk_full
+from .errors import UserError
+from .loggers import Loggers, make_loggers
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
 
 log = logging.getLogger(__name__)
+NO_LOGGERS = Loggers([])
 DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
 DATA_WAIT_MIN_S = 2.0  # ... and longer than this in all (a tiny epoch's first batches say nothing)
 
@@ -84,66 +87,65 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     progress = Progress()
     if saved is not None:
         progress = resume(saved, cfg, model, optimizer, train_loader, device)
-    elif dist.is_main_process():
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run: not appended to an old one's
+    loggers = make_loggers(cfg, run_dir, resumed_at=None if saved is None else progress.step)
     if progress.epoch >= cfg.train.epochs:
         done = (run_dir, progress.epoch, cfg.train.epochs)
         log.warning("%s already holds %d trained epochs (train.epochs=%d): nothing to do", *done)
 
     budget = BadSampleBudget(cfg.data.bad_sample_budget)
+    run = Run(cfg, ddp_model, task, optimizer, compute, budget, checkpoint, stop, loggers)
     history, warned_wait = [], False
-    for epoch in range(progress.epoch, cfg.train.epochs):
-        start = time.perf_counter()
-        set_epoch(train_loader, epoch)
-        planned = plan_epoch(train_loader, cfg, progress)
-        train_stats = train_one_epoch(
-            ddp_model, task, optimizer, train_loader, compute, cfg, progress, planned, budget, checkpoint, stop
-        )
-        if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
-            progress.epoch_batches = progress.batch
-            progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
-        val_stats = evaluate(model, task, val_loader, compute, budget)
-        progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
-        checkpoint(progress, mid_epoch=False)
-        bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
-        wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
-        metrics = {
-            "epoch": epoch,
-            "step": progress.step,
-            "train_loss": train_stats["loss"],
-            "val_loss": val_stats["loss"],
-            "val_acc": val_stats["acc"],
-            "train_samples": train_stats["samples"],
-            "val_samples": val_stats["samples"],
-            "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
-            "seconds": round(time.perf_counter() - start, 3),
-            "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
-            "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
-            "data_wait_frac": round(wait_frac, 3),
-            "world_size": dist.get_world_size(),
-        }
-        history.append(metrics)
-        slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
-        if slow and not warned_wait and dist.is_main_process():
-            warned_wait = True
-            log.warning(
-                "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
-                "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
-                "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
-                "machine gives each process",
-                100 * wait_frac,
-                epoch,
-                train_stats["data_wait_s"],
-                project.PACKAGE,
-            )
-        if dist.is_main_process():
-            write_metrics(run_dir / "metrics.jsonl", metrics)
-            log.info(
-                "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
-                *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
-            )
-        if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
-            raise stopped(signum, progress, run_dir)
+    with loggers:
+        for epoch in range(progress.epoch, cfg.train.epochs):
+            start = time.perf_counter()
+            set_epoch(train_loader, epoch)
+            planned = plan_epoch(train_loader, cfg, progress)
+            train_stats = train_one_epoch(run, train_loader, progress, planned)
+            if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
+                progress.epoch_batches = progress.batch
+                progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
+            val_stats = evaluate(model, task, val_loader, compute, budget)
+            progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
+            checkpoint(progress, mid_epoch=False)
+            bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
+            wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
+            metrics = {
+                "epoch": epoch,
+                "step": progress.step,
+                "train_loss": train_stats["loss"],
+                "val_loss": val_stats["loss"],
+                "val_acc": val_stats["acc"],
+                "train_samples": train_stats["samples"],
+                "val_samples": val_stats["samples"],
+                "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
+                "seconds": round(time.perf_counter() - start, 3),
+                "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
+                "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
+                "data_wait_frac": round(wait_frac, 3),
+                "world_size": dist.get_world_size(),
+            }
+            history.append(metrics)
+            slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
+            if slow and not warned_wait and dist.is_main_process():
+                warned_wait = True
+                log.warning(
+                    "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
+                    "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
+                    "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
+                    "machine gives each process",
+                    100 * wait_frac,
+                    epoch,
+                    train_stats["data_wait_s"],
+                    project.PACKAGE,
+                )
+            if dist.is_main_process():
+                loggers.log_epoch(epoch, progress.step, metrics)
+                log.info(
+                    "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
+                    *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
+                )
+            if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
+                raise stopped(signum, progress, run_dir)
     return history
 
 
@@ -156,20 +158,6 @@ def stopped(signum: int, progress: Progress, run_dir: Path) -> Stopped:
         f"stopped by {name} after step {progress.step} (epoch {progress.epoch}, batch {progress.batch}); "
         f"{run_dir / CHECKPOINT} holds it: run the same command again to go on from there",
     )
-
-
-def write_metrics(path: Path, metrics: dict) -> None:
-    """Append one epoch's line to ``metrics.jsonl``; a full disk is :class:`DiskFull` naming it."""
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(metrics) + "\n")
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        raise DiskFull(
-            f"{e.strerror.lower()} writing {path}: epoch {metrics['epoch']}'s checkpoint is written, its line here "
-            "is not; free some space and run again"
-        ) from None
 
 
 def plan_epoch(loader, cfg, progress: Progress) -> int | None:
@@ -193,16 +181,29 @@ def plan_epoch(loader, cfg, progress: Progress) -> int | None:
     return planned
 
 
-def train_one_epoch(
-    model, task, optimizer, loader, compute: Compute, cfg, progress: Progress, planned, budget, checkpoint, stop=None
-) -> dict:
+@dataclasses.dataclass
+class Run:
+    """What every epoch of a run shares (:func:`fit` builds it; :func:`train_one_epoch` reads it)."""
+
+    cfg: Any
+    model: torch.nn.Module  # what trains: DDP-wrapped when distributed
+    task: Any  # the objective: task.loss, task.metric (task.py)
+    optimizer: torch.optim.Optimizer
+    compute: Compute  # the device, precision and loss scaling
+    budget: BadSampleBudget
+    checkpoint: Callable  # checkpoint(progress, mid_epoch, sums=None): see checkpoint.save
+    stop: StopOnSignal | None = None
+    loggers: Loggers = NO_LOGGERS
+
+
+def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -> dict:
     """One epoch (the rest of it, after a resume): ``planned`` steps on every rank.
 
     Returns the mean loss and the number of samples over all ranks, and the seconds taken: of
     the whole epoch, its part before a resume included (``progress.partial``).
     """
+    cfg, model, compute, device = run.cfg, run.model, run.compute, run.compute.device
     model.train()
-    device = compute.device
     carried = (progress.partial if dist.is_main_process() else None) or {}  # summed over ranks: rank 0 adds it
     start = time.perf_counter() - carried.get("seconds", 0.0)
     loss_sum = torch.full((), carried.get("loss", 0.0), dtype=torch.float64, device=device)
@@ -224,26 +225,29 @@ def train_one_epoch(
     wait = DataWait(carried.get("wait_s", 0.0))
     for batch in even_batches(wait.timed(batches(loader, "train")), todo):
         if batch is not None:
-            budget.update(batch["bad"])
+            run.budget.update(batch["bad"])
         progress.batch += 1
         bar.update()
         if (batch is None or not batch["key"]) and not dist.is_distributed():
             continue  # one process has no replica to keep in step: no stand-in step
         batch, n, last = trainable(batch, last, spare)
-        set_learning_rate(optimizer, learning_rate(progress.step, progress.total_steps, cfg.optim))
-        loss = train_step(model, task, optimizer, batch, compute, weight=1.0 if n else 0.0)
+        lr = learning_rate(progress.step, progress.total_steps, cfg.optim)
+        set_learning_rate(run.optimizer, lr)
+        loss = train_step(model, run.task, run.optimizer, batch, compute, weight=1.0 if n else 0.0)
         loss_sum += loss * n
         samples, progress.step = samples + n, progress.step + 1
         guard.record(loss, progress, batch["key"])
         if progress.step % cfg.train.log_every == 0:
             guard.check(model)  # reads the device once per interval, like the loss below
             waited = wait.seconds / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(loss=f"{loss_sum.item() / max(samples, 1):.3f}", data_wait=f"{waited:.0%}")
-        signum = stop.agreed() if stop is not None else None  # one small collective a step (stopping.py)
+            running = loss_sum.item() / max(samples, 1)  # this rank's mean over the epoch so far
+            bar.set_postfix(loss=f"{running:.3f}", data_wait=f"{waited:.0%}")
+            run.loggers.log_step(progress.step, {"loss": running, "lr": lr, "data_wait_frac": waited})
+        signum = run.stop.agreed() if run.stop is not None else None  # one small collective a step (stopping.py)
         if signum or (cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0):
             guard.check(model)  # only finite weights are ever written
             sums = {"loss": loss_sum.item(), "samples": samples, "seconds": time.perf_counter() - start}
-            checkpoint(progress, mid_epoch=True, sums=sums | {"wait_s": wait.seconds})
+            run.checkpoint(progress, mid_epoch=True, sums=sums | {"wait_s": wait.seconds})
         if signum:
             bar.close()
             raise stopped(signum, progress, Path(cfg.train.run_dir))
