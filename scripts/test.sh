@@ -8,6 +8,7 @@ source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 ruff check .
 ruff format --check .
-# Two workers: the rendered projects' suites spend much of their time starting processes; the real-Slurm
-# tests (one cluster) stay together on one of them (--dist loadgroup).
+# Two workers: the rendered projects' suites spend much of their time starting processes. One real
+# Slurm cluster runs at a time (tests/test_slurm.py takes a lock: xdist's loadgroup does not group
+# tests under pytest 9).
 python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=40 "$@"

@@ -8,6 +8,7 @@ The kill -9 test repeats ``TORCHFEED_SLURM_KILL_TRIES`` times per node (1 in CI)
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import pytest
 from conftest import project_env, render, run, tail
 from slurm import REQUIRE, SlurmCluster, unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("slurm")]
 PACKAGE = "slurm_check"
 TRIES = int(os.environ.get("TORCHFEED_SLURM_KILL_TRIES", "1"))
 SMALL = ["loader.tuned=''", "loader.batch_size=4", "data.image_size=32"]  # 4 steps an epoch on 2 ranks (args after win)
@@ -37,8 +38,13 @@ def cluster(tmp_path_factory) -> SlurmCluster:
         if REQUIRE:
             pytest.fail(f"TORCHFEED_REQUIRE_SLURM=1, but {why}")
         pytest.skip(why)
-    with SlurmCluster.start(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
+    # One cluster at a time on this host: two would number their jobs alike, and the sbatch script
+    # takes each job's rendezvous port from its id. (xdist's loadgroup cannot keep this module on
+    # one worker under pytest 9, so a second worker's share of it waits here for the first's.)
+    with open(tmp_path_factory.getbasetemp().parent / "slurm-cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with SlurmCluster.start(tmp_path_factory.mktemp("slurm")) as cluster:
+            yield cluster
 
 
 @pytest.fixture(scope="module")
