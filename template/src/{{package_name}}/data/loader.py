@@ -18,6 +18,7 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import random
@@ -27,6 +28,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,17 +254,32 @@ def worker_context(method: str = "auto"):
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     ctx = multiprocessing.get_context(method)
     _end_workers_at_exit()
+    # NOTE [ Workers start with the stop signals blocked ]
+    # A signal sent to a rank's whole process group (torchrun's, Slurm's, Ctrl-C's) stops the
+    # rank alone, which then stops its workers (stopping.py): every process started for them
+    # inherits the signals blocked. Blocked, not ignored: none is lost. multiprocessing's resource
+    # tracker starts first, on its own: starting it *unblocks* SIGINT and SIGTERM in the caller
+    # (CPython's resource_tracker.ensure_running), and started on the way to the first worker it
+    # would leave that worker, or the forkserver, to die of the signal (the rank then waits for
+    # batches that never come, or fails with `EOFError: unexpected EOF`).
+    with stop_signals_blocked():
+        multiprocessing.resource_tracker.ensure_running()
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
-        # Started now, with the signals that stop a run blocked: the forkserver and every worker it
-        # forks inherit the mask, so a signal sent to the whole process group (torchrun's, Ctrl-C's)
-        # stops the rank alone, which then stops its workers. Blocked, not ignored: none is lost here.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
+        with stop_signals_blocked():  # the forkserver, and so every worker it forks, inherits the mask
             multiprocessing.forkserver.ensure_running()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return ctx
+
+
+@contextmanager
+def stop_signals_blocked():
+    """Block the signals that stop a run (stopping.py) in this thread for the ``with`` block: a
+    process started in it inherits the mask. One that arrives meanwhile waits, it is not lost."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @functools.cache
@@ -384,7 +401,9 @@ def batches(loader, split: str) -> Iterator[dict]:
     it was raised there: torch re-raises it with the worker's traceback in its message.
     """
     try:
-        yield from loader
+        with stop_signals_blocked():  # spawned workers inherit the mask (see worker_context)
+            iterator = iter(loader)
+        yield from iterator
     except (UserError, Stalled) as e:
         said = said_in_worker(e)
         if said is None:
