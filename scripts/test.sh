@@ -8,7 +8,7 @@ source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 ruff check .
 ruff format --check .
-# Two workers: the rendered projects' suites spend much of their time starting processes. One real
-# Slurm cluster runs at a time (tests/test_slurm.py takes a lock: xdist's loadgroup does not group
-# tests under pytest 9).
-python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=40 "$@"
+# Three workers on two cores: the rendered projects' suites spend much of their time waiting on the
+# processes they start. Tests that share a render, a release's update or the real-Slurm cluster run
+# on one worker, the longest first (tests/conftest.py: work_unit, LONGEST_FIRST).
+python -m pytest tests -n "${TEST_WORKERS:-3}" --dist loadscope --durations=40 "$@"

@@ -205,13 +205,54 @@ def hermetic_git(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
-# The modules whose tests are long and one of a kind (a cluster, an install, a user's changes,
-# updates): run first, so that the two workers' last tests are the short ones and end together.
-LONG_FIRST = ("test_slurm.py", "test_users_changes.py", "test_install.py", "test_update.py")
+# Tests that share an expensive module-scoped fixture are one unit of work, run by one xdist
+# worker (its fixture built once): each render combination's checks and suite, each release's
+# update, the real-Slurm cluster and its project. Other tests are units of their own. (xdist's
+# `xdist_group` mark does not group under pytest 9: its suffix on `item._nodeid` is not read.)
+SHARED = {"test_render.py": "param", "test_update.py": "param", "test_slurm.py": "module"}
+# The longest units, longest first (their times in the CI log's durations); the workers take units
+# in collection order, so these start first and the workers' last units are the short ones.
+LONGEST_FIRST = (
+    "test_render.py[folder-image-1x0gpu]",
+    "test_render.py[shards-image-1x0gpu]",
+    "test_slurm.py",
+    "test_render.py[stream-sqlite-image-1x0gpu]",
+    "test_render.py[stream-http-image-1x0gpu]",
+    "test_users_changes.py",
+    "test_install.py",
+    "test_update.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """A test's unit of work: ``tests/test_render.py[<combination>]``, ``tests/test_slurm.py``, or the test."""
+    path, _, test = nodeid.partition("::")
+    how = SHARED.get(path.rsplit("/", 1)[-1])
+    if how == "module" or (how == "param" and "[" not in test):
+        return path
+    if how == "param":
+        return f"{path}[{test.split('[', 1)[1]}"
+    return nodeid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def order(item: pytest.Item) -> int:
-        return LONG_FIRST.index(item.path.name) if item.path.name in LONG_FIRST else len(LONG_FIRST)
+        unit = work_unit(item.nodeid).rsplit("/", 1)[-1]
+        return next((i for i, name in enumerate(LONGEST_FIRST) if unit.startswith(name)), len(LONGEST_FIRST))
 
-    items.sort(key=order)  # stable: each module keeps its own order (its fixtures' renders)
+    items.sort(key=order)  # stable: the rest keep pytest's order (each render's tests together)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with the units of :func:`work_unit`, handed out in collection order."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST's order, not "most tests first"
+    return SharedFixtureScheduling(config, log)

@@ -44,6 +44,17 @@ FORMATS = ["image", "tensor", "sequence"]
 # "GPU answers": a CPU-only single machine, and 2 nodes x 2 GPUs (renders the SLURM script).
 HARDWARE = [{"num_gpus": 0, "num_nodes": 1}, {"num_gpus": 2, "num_nodes": 2}]
 BATCH_SIZE = 16  # not the default 32, so a default cannot pass for the answer
+# The rendered tests of what handles a format's samples (with the source's own test file): what
+# the tensor and sequence projects run (test_rendered_project_tests_pass).
+FORMAT_FILES = [
+    "test_task.py",
+    "test_model.py",
+    "test_sample_data.py",
+    "test_cache.py",
+    "test_loader.py",
+    "test_train.py",
+    "test_checks.py",
+]
 
 
 def _combinations() -> list:
@@ -319,39 +330,48 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
 
     - The faults under `launch` (kill -9 and restart, SIGTERM, a stopped rank, two nodes, 200
       epochs) do not depend on the format, and but for the restart's resume not on the source:
-      they run once, spread over the folder and shards image projects; the kill -9 restart
-      (it resumes the source) runs on each source's image project, twice on SQLite's. Where a
-      real Slurm runs here, test_slurm.py kills a rank on either of two nodes under it, and the
+      they run once, spread over the folder and shards image projects (the kill -9 restart:
+      below). Where a real Slurm runs here, test_slurm.py kills a rank on either of two nodes under it, and the
       folder project leaves out its own two-node kill -9 (the same launcher, without Slurm).
     - DDP in lockstep and equal steps per rank depend on the source's sharding, not on the
-      format: the image project of each source runs them, the tensor and sequence projects
-      run the fast suite.
+      format: the image project of each source runs them. The tensor and sequence projects run
+      the fast tests of what reads, decodes, batches, caches, trains and resumes samples of the
+      format (FORMAT_FILES and the source's own file, and the CLI's sample-data, bench, train);
+      the launcher, bench's measurements and the config do not depend on the format. Of the
+      stream sources, SQLite's runs them: HTTP carries the same sample bytes (database.py) as
+      base64, which its image project tests.
+    - The kill -9 restart resumes the source from its checkpoint, as the fast suite's crash and
+      resume tests do in one process for every source and format: it runs on the folder, shards
+      and SQLite image projects (the HTTP source resumes as SQLite's: iterable.py).
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
       methods) depend on neither: they run in the folder image project only.
     - The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
-      train on the CPU): what those numbers change, the launcher and the config, is tested, once
-      per source, with the Slurm script's protocol under stub Slurm commands (test_slurm.py runs
-      it under a real Slurm); the rest would only repeat the CPU answers' suite on this machine.
+      train on the CPU): what those numbers change, the launcher and the config, does not depend
+      on the source or the format: it is tested on the folder image project, with the Slurm
+      script's protocol under stub Slurm commands (test_slurm.py runs it under a real Slurm);
+      the rest would only repeat the CPU answers' suite on this machine.
     """
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
     env = project_env(project.path)
     source = project.answers.get("stream_backend") or project.answers["data_source"]
     selection = ["-m", "(slow or not slow) and not launcher and not common"]
     if project.answers["num_gpus"] > 0:
-        if project.answers["data_format"] != "image":
-            pytest.skip("the GPU answers' launcher and config do not depend on the format: run with image")
-        slurm = " or slurm" if source == "folder" else ""  # the sbatch script under stub Slurm: once
-        selection = ["-m", f"(not slow and not common){slurm}", "tests/test_launch.py", "tests/test_config.py"]
+        if project.answers["data_format"] != "image" or source != "folder":
+            pytest.skip("the GPU answers' launcher and config depend on neither source nor format: run on folder/image")
+        selection = ["-m", "(not slow and not common) or slurm", "tests/test_launch.py", "tests/test_config.py"]
     elif project.answers["data_format"] != "image":
-        selection = ["-m", "not slow and not common"]
+        if source == "http":
+            pytest.skip("HTTP carries a format's sample bytes as SQLite's stream does: run on SQLite")
+        files = [f"tests/{name}" for name in (*FORMAT_FILES, f"test_{source}.py")]
+        selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
         selection = ["-m", "slow or not slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
-    elif source == "sqlite":
-        env["RESTART_TRIES"] = "2"
+    elif source == "http":
+        selection += ["-k", "not kill_9_of_a_rank_restarts_the_group"]
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selection],
         project.path,

@@ -23,8 +23,7 @@ import pytest
 import yaml
 from conftest import REPO, git, project_env, render, rendered_files, run, tail
 
-# One worker builds each release's updated project once (under xdist, each worker would build its own).
-pytestmark = pytest.mark.xdist_group("update")
+# Each release's updated project is built once, by one worker (tests/conftest.py: work_unit).
 # Each release and its commit, as CHANGELOG.md names them (a test checks that it does).
 RELEASES = {"v0.1.0": "e4c65c7", "v0.2.0": "35323b2"}
 # Releases whose checkpoints this one resumes (the same checkpoint format); the others' are refused naming them.
