@@ -8,7 +8,6 @@ source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 ruff check .
 ruff format --check .
-# Three workers on two cores: the rendered projects' suites spend much of their time waiting on the
-# processes they start. Tests that share a render, a release's update or the real-Slurm cluster run
-# on one worker, the longest first (tests/conftest.py: work_unit, LONGEST_FIRST).
-python -m pytest tests -n "${TEST_WORKERS:-3}" --dist loadscope --durations=40 "$@"
+# Two workers (the cores). Tests that share a render, a release's update or the real-Slurm cluster
+# run on one worker, the longest first (tests/conftest.py: work_unit, LONGEST_FIRST).
+python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadscope --durations=40 "$@"

@@ -7,7 +7,8 @@ SOURCES (test_every_offered_choice_is_rendered fails until a new choice is liste
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import importlib
 import re
 import runpy
 import subprocess
@@ -55,6 +56,10 @@ FORMAT_FILES = [
     "test_train.py",
     "test_checks.py",
 ]
+# Where they run: a source carries a sample's bytes by the task's file extensions, and the format's
+# code (task, model, synthetic data) is the same on every source; each format runs on the folder
+# source (map-style) and on one iterable source, and each iterable source's image project runs it all.
+FORMAT_SOURCES = {"tensor": {"folder", "sqlite"}, "sequence": {"folder", "shards"}}
 
 
 def _combinations() -> list:
@@ -258,21 +263,21 @@ def test_default_config(project: Rendered) -> None:
         assert not missing, f"configs/default.yaml [{section}] lacks {sorted(missing)}"
 
 
-DEFAULTS_PROBE = """
-import dataclasses, json, sys
-from {package}.config import Config
-cfg = Config()
-sections = [(s.name, getattr(cfg, s.name)) for s in dataclasses.fields(cfg)]
-print(json.dumps({{f"{{n}}.{{f.name}}": getattr(c, f.name) for n, c in sections for f in dataclasses.fields(c)}}))
-"""
-
-
 def dataclass_defaults(project: Rendered) -> dict[str, object]:
-    """``section.key`` -> default, read from the rendered project's config dataclasses."""
-    code = DEFAULTS_PROBE.format(package=project.package)
-    result = run([sys.executable, "-c", code], project.path, env=project_env(project.path))
-    assert result.returncode == 0, tail(result.stdout)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """``section.key`` -> default, read from the rendered project's config dataclasses.
+
+    Imported in this process (each combination's package has a name of its own): a process per
+    render would import torch again each time.
+    """
+    sys.path.insert(0, str(project.path / "src"))
+    try:
+        config = importlib.import_module(f"{project.package}.config")
+    finally:
+        sys.path.remove(str(project.path / "src"))
+    assert Path(config.__file__).is_relative_to(project.path), f"{project.package} imported from elsewhere"
+    cfg = config.Config()
+    sections = [(s.name, getattr(cfg, s.name)) for s in dataclasses.fields(cfg)]
+    return {f"{n}.{f.name}": getattr(c, f.name) for n, c in sections for f in dataclasses.fields(c)}
 
 
 def readme_defaults(text: str) -> dict[str, object]:
@@ -337,9 +342,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       format: the image project of each source runs them. The tensor and sequence projects run
       the fast tests of what reads, decodes, batches, caches, trains and resumes samples of the
       format (FORMAT_FILES and the source's own file, and the CLI's sample-data, bench, train);
-      the launcher, bench's measurements and the config do not depend on the format. Of the
-      stream sources, SQLite's runs them: HTTP carries the same sample bytes (database.py) as
-      base64, which its image project tests.
+      the launcher, bench's measurements and the config do not depend on the format. A source
+      carries a sample's bytes by the task's file extensions, so each format runs on the folder
+      source and on one iterable source (FORMAT_SOURCES).
     - The kill -9 restart resumes the source from its checkpoint, as the fast suite's crash and
       resume tests do in one process for every source and format: it runs on the folder, shards
       and SQLite image projects (the HTTP source resumes as SQLite's: iterable.py).
@@ -360,8 +365,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
             pytest.skip("the GPU answers' launcher and config depend on neither source nor format: run on folder/image")
         selection = ["-m", "(not slow and not common) or slurm", "tests/test_launch.py", "tests/test_config.py"]
     elif project.answers["data_format"] != "image":
-        if source == "http":
-            pytest.skip("HTTP carries a format's sample bytes as SQLite's stream does: run on SQLite")
+        if source not in FORMAT_SOURCES[project.answers["data_format"]]:
+            pytest.skip("a format runs on the folder source and on one that streams (FORMAT_SOURCES)")
         files = [f"tests/{name}" for name in (*FORMAT_FILES, f"test_{source}.py")]
         selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
