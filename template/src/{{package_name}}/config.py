@@ -5,7 +5,7 @@
 The dataclasses are the only place defaults live: ``configs/default.yaml`` repeats them with a
 comment each, and a test checks that both, and the README's table, agree. The ``data`` section
 joins the keys of this project's source (``SourceConfig`` in ``data/``) and of its sample
-format (``TaskConfig`` in ``task.py``) with the common ones below.
+format (``FormatConfig`` in ``sample_format.py``) with the common ones below.
 
 OmegaConf merges the layers (dataclass defaults, then the YAML file, then the overrides) and
 checks types; each section's ``__post_init__`` checks ranges. Unknown keys, wrong types and
@@ -29,7 +29,7 @@ from . import project
 from .data import SourceConfig
 from .errors import ConfigError, require
 from .model import ModelConfig
-from .task import TaskConfig
+from .sample_format import FormatConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ AUTO = "auto"
 
 
 @dataclass
-class DataConfig(TaskConfig, SourceConfig):
-    """``data.*``: where samples come from (``SourceConfig``), what one is (``TaskConfig``), and these."""
+class DataConfig(FormatConfig, SourceConfig):
+    """``data.*``: where samples come from (``SourceConfig``), what one is (``FormatConfig``), and these."""
 
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
     bad_sample_budget: int = 10
@@ -48,7 +48,7 @@ class DataConfig(TaskConfig, SourceConfig):
 
     def __post_init__(self) -> None:
         SourceConfig.__post_init__(self)
-        TaskConfig.__post_init__(self)
+        FormatConfig.__post_init__(self)
         require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
 
 
