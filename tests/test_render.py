@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import (
+    COPIER_YML,
     RENDERED_TESTS_TIMEOUT_S,
     copier_questions,
     copy_template_repo,
@@ -180,6 +181,34 @@ def test_answers_file(project: Rendered) -> None:
     assert saved["_src_path"], "no _src_path: copier update would not find the template"
     assert saved["_commit"], "no _commit: copier update would not know the template version"
     assert {k: saved.get(k) for k in project.answers} == project.answers
+
+
+# The user's files (copier.yml's _skip_if_exists; the rendered README's "Which files are yours").
+USER_FILES = ("src/{package}/model.py", "src/{package}/task.py", "configs/default.yaml")
+YOURS = "# Yours: `copier update` never rewrites this file."
+THE_TEMPLATES = "torchfeed's file: `copier update` replaces it"
+
+
+def test_every_file_says_whose_it_is_and_the_readme_lists_the_users(project: Rendered) -> None:
+    """A user's file opens with ``# Yours``; every other file copier writes (the answers aside) says it
+    is the template's in its first lines, and copier.yml skips exactly the user's on update."""
+    users = {rel.format(package=project.package) for rel in USER_FILES}
+    unmarked = []
+    for rel, content in project.files.items():
+        head = "\n".join(content.decode("utf-8", errors="replace").splitlines()[:3])
+        if rel == ".copier-answers.yml":
+            continue
+        if (YOURS in head) != (rel in users) or (rel not in users and THE_TEMPLATES not in head):
+            unmarked.append(rel)
+    assert not unmarked, f"files whose first lines do not say whose they are: {unmarked}"
+    skipped = yaml.safe_load(COPIER_YML.read_text(encoding="utf-8"))["_skip_if_exists"]
+    assert len(skipped) == len(USER_FILES) and all(
+        rel.format(package="{{ package_name }}") in pattern for rel, pattern in zip(USER_FILES, skipped)
+    ), f"copier.yml's _skip_if_exists is not the user's files: {skipped}"
+    readme = project.files["README.md"].decode("utf-8").split("## Which files are yours", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.MULTILINE))
+    assert listed == users, f"the README's table of the user's files says {sorted(listed)}"
+    assert yaml.safe_load(project.files[".copier-answers.yml"])["torchfeed_ownership"] == 1
 
 
 def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> None:

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Command line: ``python -m <package> <command> [--config PATH] [section.key=value ...]``.
 
 python -m <package> sample-data            # a small synthetic dataset in data.root

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Data-loading benchmark: the training loop minus the model, run before writing model code.
 
     python -m <package> bench              # sweep, stall, checks, report (<= --budget-s for the sweep)

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Atomic, resumable checkpoints: what a run saves, and how a resumed run continues.
 
 A checkpoint is one dict of named ``state_dict``s (model, optimizer, every rank's train

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Pipeline checks run by `bench`: each classic data-loading bug, measured on the real loader.
 
 Each check returns a :class:`Check` line for the report: OK, WARN or FAIL, the number behind

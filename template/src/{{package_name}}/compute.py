@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """How training steps compute on the device: precision, loss scaling, memory format.
 
 :func:`setup_compute` applies the usual settings of PyTorch's performance tuning guide on a

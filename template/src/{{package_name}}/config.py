@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Configuration: one dataclass per section, read from YAML and ``section.key=value`` overrides.
 
     python -m <package> train --config configs/default.yaml train.epochs=5 loader.num_workers=4

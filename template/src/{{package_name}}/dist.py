@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Process-group set-up and teardown, and rank helpers that also work without torchrun.
 
 One process runs the same code as many: without torchrun's environment, rank is 0 and the

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Mistakes a user can fix, and parts of a run that stopped answering. The command line prints
 each as one ``error:`` line (exit code 2 for a mistake, 1 for a stall).
 

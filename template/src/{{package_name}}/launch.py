@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Start training on several processes with torchrun.
 
     python -m <package> launch -- train                          # --nproc-per-node from the answers

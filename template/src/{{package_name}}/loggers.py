@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Where a run's numbers go: ``metrics.jsonl`` always, TensorBoard with ``train.tensorboard=true``.
 
     with make_loggers(cfg, run_dir, resumed_at=progress.step if saved else None) as loggers:

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """The benchmark's report: terminal/Markdown table, bench.md, bench.json and bench.png."""
 
 from __future__ import annotations

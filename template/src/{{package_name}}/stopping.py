@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Stopping a run on a signal: it finishes its step, every rank agrees, one checkpoint, then it exits.
 
     SIGTERM   (a scheduler's preemption, `scancel`, Kubernetes before its grace period ends, `kill`)

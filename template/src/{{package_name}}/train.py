@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Training: :func:`main` sets a run up; :func:`train_one_epoch` and :func:`evaluate` are its loops.
 
 One process:    python -m <package> train train.epochs=5

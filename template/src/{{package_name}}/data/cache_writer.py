@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """``pack --to cache``: read the source once and write the decoded-sample cache (layout: cache.py).
 
     python -m <package> pack --to cache --out data/cache   # reads data.root once

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """The DataLoader factory: sampler, workers, seeding, batching and tuned settings in one place.
 
     loader = build_loader(dataset, cfg, "train")

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """``sample-data``'s mark on what it writes, so that it never overwrites data it did not write.
 
 It writes only where nothing is (a missing path, an empty folder) or where it wrote before

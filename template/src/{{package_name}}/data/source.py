@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """The source interface: what every data source gives the loader factory, ``train`` and ``bench``.
 
 A source reads one split of the data, for one rank, and turns each sample's bytes into a

@@ -1,3 +1,5 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """``configs/tuned.yaml``: the loader settings `bench` chose, per data/machine fingerprint.
 
 Loader keys left at ``auto`` take the tuned value while the fingerprint of the data and the
