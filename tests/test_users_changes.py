@@ -1,12 +1,16 @@
-"""A user's correct first changes keep the project's own tests green.
+"""A user's correct first changes keep the project's own tests green, and `copier update` keeps them.
 
-Render the default project (folder/image), make the changes a user makes in their first week,
-by script, in the files the README says are theirs: a torchvision resnet18 as the model, a new
-key it reads (`model.zero_init`, one field in model.py), ColorJitter in the train transform,
-label smoothing 0.1 in the loss, a print of the loss at every step. Then run the project's fast
-suite: it checks the pipeline's guarantees and the contract those files keep, so it must stay
-green (and fast: it trains the tests' own small model, not the user's resnet18, but for the
-contract tests and the commands it runs as processes).
+Render the default project (folder/image) from a scratch copy of this template, make the changes
+a user makes in their first week, by script, in every file the README says is theirs: a
+torchvision resnet18 as the model, a new key it reads (`model.zero_init`, one field in model.py),
+ColorJitter in the train transform, label smoothing 0.1 in the loss, a print of the loss at every
+step, their run settings in configs/default.yaml. Commit. Then the template's next release
+changes every file of the template (the user's too: their new version must not arrive) and the
+project updates to it: no conflict marker or rejected hunk anywhere, each user file exactly as
+the user left it, each template change applied. Then run the project's fast suite: it checks
+the pipeline's guarantees and the contract those files keep, so it must stay green (and fast: it
+trains the tests' own small model, not the user's resnet18, but for the contract tests and the
+commands it runs as processes).
 """
 
 from __future__ import annotations
@@ -14,31 +18,38 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 
+import copier
 import pytest
-from conftest import project_env, render, run, tail
+from conftest import copy_template_repo, git, project_env, render, rendered_files, run, tail
 
 # (file, the rendered text, what the user writes instead)
 CHANGES = [
     (
-        "model.py",
+        "src/users_project/model.py",
         "    return SmallCNN(num_classes, width=cfg.model.width)\n",
         "    import torchvision\n\n"
         "    return torchvision.models.resnet18(num_classes=num_classes, zero_init_residual=cfg.model.zero_init)\n",
     ),
     (  # a new key the model reads: one field, in the same file
-        "model.py",
+        "src/users_project/model.py",
         "    width: int = 32\n",
         "    width: int = 32\n    # Start each residual block as the identity (its last BatchNorm's weight at 0).\n"
         "    zero_init: bool = True\n",
     ),
     (
-        "task.py",
+        "src/users_project/task.py",
         "    return v2.Compose([crop, v2.RandomHorizontalFlip()])\n",
         "    return v2.Compose([crop, v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4)])\n",
     ),
+    (  # their run settings
+        "configs/default.yaml",
+        "  epochs: 3 ",
+        "  epochs: 2 ",
+    ),
     (
-        "task.py",
+        "src/users_project/task.py",
         "        return F.cross_entropy(logits.float(), target)\n",
         "        loss = F.cross_entropy(logits.float(), target, label_smoothing=0.1)\n"
         '        print(f"loss {loss.item():.4f}")\n'
@@ -47,16 +58,53 @@ CHANGES = [
 ]
 
 
+# The user's files (the README's "Which files are yours"), and what the next release appends to every file.
+USER_FILES = {"src/users_project/model.py", "src/users_project/task.py", "configs/default.yaml"}
+NEXT_RELEASE = "the next release changed this file"
+MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
+
+
+def change_every_file(template: Path) -> int:
+    """The next release: a line at the end of every file the template renders (as a comment of its kind)."""
+    changed = 0
+    for path in sorted((template / "template").rglob("*")):
+        if not path.is_file() or path.name.startswith("{{_copier_conf"):
+            continue
+        comment = f"<!-- {NEXT_RELEASE} -->" if ".md" in path.name else f"# {NEXT_RELEASE}"
+        path.write_text(path.read_text(encoding="utf-8") + comment + "\n", encoding="utf-8")
+        changed += 1
+    git(template, "commit", "-q", "-a", "-m", "the next release")
+    return changed
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_users_first_changes_keep_the_fast_suite_green(tmp_path):
-    project = tmp_path / "project"
-    render(project, project_name="Users Project")
+def test_a_users_first_changes_keep_the_fast_suite_green_and_survive_an_update(tmp_path):
+    template, project = copy_template_repo(tmp_path / "template", tag="v1.0.0"), tmp_path / "project"
+    render(project, src=template, tasks=True, project_name="Users Project")
     for name, was, now in CHANGES:
-        path = project / "src" / "users_project" / name
+        path = project / name
         text = path.read_text(encoding="utf-8")
         assert was in text, f"the rendered {name} has no {was!r}: update this test's CHANGES"
         path.write_text(text.replace(was, now, 1), encoding="utf-8")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "my changes")
+    users = {rel: content for rel, content in rendered_files(project).items() if rel in USER_FILES}
+    assert set(users) == USER_FILES
+
+    assert change_every_file(template) > len(USER_FILES)
+    copier.run_update(str(project), defaults=True, overwrite=True, unsafe=True, vcs_ref="HEAD", quiet=True)
+    files = rendered_files(project)
+    conflicted = [
+        rel
+        for rel, content in files.items()
+        if rel.endswith((".rej", ".orig")) or any(line.startswith(MARKERS) for line in content.decode().splitlines())
+    ]
+    assert not conflicted, f"the update left conflicts or rejected hunks: {conflicted}"
+    assert {rel: files.get(rel) for rel in USER_FILES} == users, "the update rewrote a file of the user's"
+    theirs = set(files) - USER_FILES - {".copier-answers.yml"}
+    missed = sorted(rel for rel in theirs if NEXT_RELEASE.encode() not in files[rel])
+    assert not missed, f"the template's change did not arrive in {missed}"
     start = time.monotonic()
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, env=project_env(project), timeout=800
