@@ -21,7 +21,8 @@ from pathlib import Path
 import copier
 import pytest
 import yaml
-from conftest import REPO, git, project_env, render, rendered_files, run, tail
+from conftest import REPO, copy_template_repo, git, project_env, render, rendered_files, run, tail
+from copier.errors import TaskError
 
 # Each release's updated project is built once, by one worker (tests/conftest.py: work_unit).
 # Each release and its commit, as CHANGELOG.md names them (a test checks that it does).
@@ -210,3 +211,31 @@ def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
         timeout=800,
     )
     assert result.returncode == 0, f"the updated project's tests failed:\n{tail(result.stdout)}"
+
+
+def test_an_answer_changed_on_update_never_deletes_a_file_the_user_changed(tmp_path: Path, capfd) -> None:
+    """``copier update -d data_source=stream`` on a folder project whose data/folder.py the user edited
+    stops before changing anything, naming the file; once the user removed it, the update goes on."""
+    template = copy_template_repo(tmp_path / "template", tag="v1.0.0")
+    project = tmp_path / "project"
+    render(project, src=template, tasks=True, project_name="Answer Change")
+    edited = project / "src" / "answer_change" / "data" / "folder.py"
+    edited.write_text(edited.read_text(encoding="utf-8") + "# read our labels from labels.csv\n", encoding="utf-8")
+    git(project, "commit", "-q", "-a", "-m", "my change")
+    before = rendered_files(project)
+    capfd.readouterr()
+    with pytest.raises(TaskError):
+        copier.run_update(
+            str(project), data={"data_source": "stream"}, defaults=True, overwrite=True, unsafe=True, quiet=True
+        )
+    said = capfd.readouterr().err
+    assert "error: with data_source=stream" in said and "src/answer_change/data/folder.py" in said, said
+    assert rendered_files(project) == before and not git(project, "status", "--porcelain"), "the update changed files"
+    git(project, "rm", "-q", str(edited.relative_to(project)))
+    git(project, "commit", "-q", "-m", "my change moves to a source of my own")
+    copier.run_update(
+        str(project), data={"data_source": "stream"}, defaults=True, overwrite=True, unsafe=True, quiet=True
+    )
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
+    assert answers["data_source"] == "stream" and (project / "src/answer_change/data/sqlite.py").is_file()
+    assert not (project / "tests/test_folder.py").exists()  # the template's own files of the old answer go

@@ -2,6 +2,7 @@
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Command line: ``python -m <package> <command> [--config PATH] [section.key=value ...]``.
 
+python -m <package> config                 # every key: its value in this run and what it means
 python -m <package> sample-data            # a small synthetic dataset in data.root
 python -m <package> bench                  # loader benchmark -> configs/tuned.yaml
 python -m <package> train train.epochs=5   # one process
@@ -41,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
     b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
     _common(b)
+    c = sub.add_parser("config", help="print every config key: its value in this run and what it means")
+    c.add_argument("--markdown", action="store_true", help="as a Markdown table (default: commented YAML)")
+    _common(c)
     t = sub.add_parser("train", help="train (runs `bench --quick` first when tuned settings are stale)")
     _common(t)
     sub.add_parser("launch", help="run a command with torchrun: launch [torchrun options] -- train ...", add_help=False)
@@ -94,6 +98,10 @@ def run(args: argparse.Namespace) -> int | None:
     cfg = load_config(args.config, args.overrides)  # every key checked before any work
     if args.command in COMMANDS:
         return COMMANDS[args.command].run(cfg, args)
+    if args.command == "config":
+        from .config import as_markdown, as_yaml
+
+        print(as_markdown(cfg) if args.markdown else as_yaml(cfg), end="")
     if args.command == "bench":
         from .bench import run_bench
         from .report import summary, table

@@ -4,10 +4,12 @@
 
     python -m <package> train --config configs/default.yaml train.epochs=5 loader.num_workers=4
 
-The dataclasses are the only place defaults live: ``configs/default.yaml`` repeats them with a
-comment each, and a test checks that both, and the README's table, agree. The ``data`` section
-joins the keys of this project's source (``SourceConfig`` in ``data/``) and of its sample
-format (``FormatConfig`` in ``sample_format.py``) with the common ones below.
+The dataclasses are the only place defaults live, each key's meaning in the comment above its
+field: ``python -m <package> config`` prints them all (:func:`as_yaml`, :func:`as_markdown`).
+``configs/default.yaml`` is the user's: it sets the keys they choose. The ``data`` section joins
+the keys of this project's source (``SourceConfig`` in ``data/``) and of its sample format
+(``FormatConfig`` in ``sample_format.py``) with the common ones below; ``model`` is
+``ModelConfig`` in model.py.
 
 OmegaConf merges the layers (dataclass defaults, then the YAML file, then the overrides) and
 checks types; each section's ``__post_init__`` checks ranges. Unknown keys, wrong types and
@@ -17,9 +19,13 @@ the directory the command runs in (the project root).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import json
 import logging
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
@@ -184,6 +190,62 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def key_comments(section_class: type) -> dict[str, str]:
+    """Each field's meaning: the ``#`` comment lines right above it in its dataclass (or a base's).
+
+    The dataclasses are where a key is documented, once: ``python -m <package> config`` prints
+    every key with its value and this text (as YAML, or ``--markdown`` as a table).
+    """
+    comments: dict[str, str] = {}
+    for klass in reversed(section_class.__mro__):  # a subclass's comment wins over its base's
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            lines, _ = inspect.getsourcelines(klass)
+        except (OSError, TypeError):
+            continue
+        for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                above, row = [], node.lineno - 2
+                while row >= 0 and lines[row].strip().startswith("#"):
+                    above.insert(0, lines[row].strip().lstrip("#").strip())
+                    row -= 1
+                comments[node.target.id] = " ".join(above)
+    return comments
+
+
+def describe(cfg: Config) -> list[tuple[str, str, object, str]]:
+    """``(section, key, value, meaning)`` for every key of ``cfg``, in the dataclasses' order."""
+    rows = []
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        comments = key_comments(type(values))
+        for f in dataclasses.fields(values):
+            rows.append((section.name, f.name, getattr(values, f.name), comments.get(f.name, "")))
+    return rows
+
+
+def as_yaml(cfg: Config) -> str:
+    """Every key, as a YAML file that sets it to its value, each with its meaning as a comment above it."""
+    out, current = [], None
+    for section, key, value, meaning in describe(cfg):
+        if section != current:
+            out.append(f"{'' if current is None else chr(10)}{section}:")
+            current = section
+        if meaning:
+            out += [f"  # {line}" for line in textwrap.wrap(meaning, 96)]
+        out.append(f"  {key}: {json.dumps(value)}")
+    return "\n".join(out) + "\n"
+
+
+def as_markdown(cfg: Config) -> str:
+    """Every key as a Markdown table: key, value, meaning."""
+    out = ["| key | value | meaning |", "| --- | --- | --- |"]
+    for section, key, value, meaning in describe(cfg):
+        out.append(f"| `{section}.{key}` | `{json.dumps(value)}` | {meaning.replace('|', chr(92) + '|')} |")
+    return "\n".join(out) + "\n"
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
