@@ -4,7 +4,10 @@ As a user would: render a release with --trust (a git repository with a first co
 once (a checkpoint of that release), edit a model default, config values and a comment, the README,
 add a file of their own, commit, then `copier update` to the working tree. Files the user did
 not touch must update without conflict; every edit must survive; conflicts in the edited
-files are resolved by script as a user would (the template's new text, the user's values).
+files are resolved by script as a user would (the template's new text, their values put back;
+in their settings file a value the new text lacks goes back under its section). These releases
+predate the user's own files (model.py, task.py, configs/default.yaml): the update merges those
+one last time; from this release on it leaves them be (test_users_changes.py).
 Then every file the user did not edit is byte for byte a fresh render's (whose suite
 test_render.py runs), the tests of the files they edited (model, config) pass, the project
 trains, and the old checkpoint resumes (a release of the same checkpoint format) or stops
@@ -33,6 +36,7 @@ USER_FILE = "notes/experiments.md"
 USER_README = "\n## Our cluster\n\nThe data lives on /scratch/cats; ask Ana for access.\n"
 USER_COMMENT = "\n# ours: the cluster's data lives on /scratch (kept across updates)"
 LOADER = "\nloader:\n"
+SETTINGS = {"configs/default.yaml"}  # the user's run settings: a value of theirs goes back under its section
 MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
 
 FOLDER_IMAGE = {"project_name": "Update Check", "data_source": "folder", "data_format": "image"}
@@ -76,13 +80,33 @@ def user_edits(project: Path, data_format: str) -> dict[str, list[tuple[str, str
     return {**edits, USER_FILE: [("", "Run 3: lr 1e-3 was better.")]}
 
 
-def resolve(text: str, edits: list[tuple[str, str]]) -> str:
-    """Resolve inline conflicts as a user would: take the template's new text, then put the user's values back."""
+def resolve(text: str, edits: list[tuple[str, str]], before: str | None = None) -> str:
+    """Resolve inline conflicts as a user would: take the template's new text, then put the user's values back.
+
+    In their settings file (``before``: its text before the update) a setting the new text no
+    longer has goes back under its section, and a comment of theirs at the end.
+    """
     pattern = re.compile(r"^<<<<<<< [^\n]*\n(.*?)^=======\n(.*?)^>>>>>>> [^\n]*\n", re.MULTILINE | re.DOTALL)
     resolved = pattern.sub(lambda m: m.group(2), text)
     for old, new in edits:
-        if new not in resolved:
+        if new.strip() in resolved:
+            continue
+        if old in resolved or before is None:
             resolved = resolved.replace(old, new, 1) if old else resolved + new
+            continue
+        key = re.match(r"^ +([a-z_]+):", new)
+        if not key:  # a comment of theirs
+            resolved = resolved.rstrip("\n") + "\n" + new.strip("\n") + "\n"
+            continue
+        section = re.findall(r"^([a-z_]+):\s*$", before[: before.index(new)], flags=re.MULTILINE)[-1]
+        line = re.compile(rf"^  {key[1]}:.*$", flags=re.MULTILINE)
+        if line.search(resolved):
+            resolved = line.sub(new.rstrip(), resolved, count=1)
+        elif re.search(rf"^{section}:\s*$", resolved, flags=re.MULTILINE):
+            header = re.search(rf"^{section}:\s*\n", resolved, flags=re.MULTILINE)
+            resolved = resolved[: header.end()] + new.rstrip() + "\n" + resolved[header.end() :]
+        else:
+            resolved = resolved.rstrip("\n") + f"\n\n{section}:\n{new.rstrip()}\n"
     return resolved
 
 
@@ -190,9 +214,15 @@ def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
     project = updated["project"]
     for rel in updated["conflicted"]:
         path = project / rel
-        path.write_text(resolve(path.read_text(encoding="utf-8"), updated["keep"].get(rel, [])), encoding="utf-8")
+        before = git(project, "show", f"{updated['edited_commit']}:{rel}") if rel in SETTINGS else None
+        resolved = resolve(path.read_text(encoding="utf-8"), updated["keep"].get(rel, []), before)
+        path.write_text(resolved, encoding="utf-8")
     test_every_user_edit_survives({**updated, "files": rendered_files(project)})
-    old = cli(project, "train", "loader.tuned=''", "train.epochs=2")  # the release's checkpoint in runs/default
+    # The release's checkpoint in runs/default was trained before the user's edit of the model's width:
+    # it resumes at that width (at the new one it is another model's, refused in one line).
+    key = MODEL_DEFAULT[updated["answers"]["data_format"]].split(":")[0]
+    width = f"model.{key}={MODEL_VALUES[updated['answers']['data_format']][0]}"
+    old = cli(project, "train", "loader.tuned=''", "train.epochs=2", width)
     if updated["release"] in RESUMES_CHECKPOINTS_OF:
         assert old.returncode == 0 and "resumed from" in old.stdout and "at epoch 1" in old.stdout, tail(old.stdout)
     else:

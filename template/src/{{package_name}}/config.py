@@ -294,8 +294,10 @@ def _read_yaml(path: Path):
     if not OmegaConf.is_dict(tree):
         sections = ", ".join(f.name for f in dataclasses.fields(Config))
         raise ConfigError(f"config file {path} must hold a mapping of sections ({sections})")
-    for section, keys in tree.items():
-        if keys is not None and not OmegaConf.is_dict(keys):
+    for section, keys in list(tree.items()):
+        if keys is None:  # a section whose keys were all removed (or not yet written): nothing to set
+            del tree[section]
+        elif not OmegaConf.is_dict(keys):
             raise ConfigError(f"section {section} in {path} must be a mapping of key: value (got {keys!r})")
     return tree
 
