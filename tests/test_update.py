@@ -29,9 +29,12 @@ from copier.errors import TaskError
 
 # Each release's updated project is built once, by one worker (tests/conftest.py: work_unit).
 # Each release and its commit, as CHANGELOG.md names them (a test checks that it does).
-RELEASES = {"v0.1.0": "e4c65c7", "v0.2.0": "35323b2"}
+RELEASES = {"v0.1.0": "e4c65c7", "v0.2.0": "35323b2", "v0.3.0": "9a37eaf"}
 # Releases whose checkpoints this one resumes (the same checkpoint format); the others' are refused naming them.
-RESUMES_CHECKPOINTS_OF = {"v0.2.0"}
+RESUMES_CHECKPOINTS_OF = {"v0.2.0", "v0.3.0"}
+# Releases whose projects have files of the user's own (copier.yml's _skip_if_exists): an update leaves them be.
+LEAVES_USER_FILES = {"v0.3.0"}
+USER_OWN = {"src/update_check/model.py", "src/update_check/task.py", "configs/default.yaml"}
 USER_FILE = "notes/experiments.md"
 USER_README = "\n## Our cluster\n\nThe data lives on /scratch/cats; ask Ana for access.\n"
 USER_COMMENT = "\n# ours: the cluster's data lives on /scratch (kept across updates)"
@@ -42,9 +45,9 @@ MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
 FOLDER_IMAGE = {"project_name": "Update Check", "data_source": "folder", "data_format": "image"}
 SHARDS_SEQUENCE = {"project_name": "Update Check", "data_source": "shards", "data_format": "sequence"}
 CASES = [
-    pytest.param(("v0.1.0", FOLDER_IMAGE), id="v0.1.0-folder-image"),
     pytest.param(("v0.1.0", SHARDS_SEQUENCE), id="v0.1.0-shards-sequence"),
     pytest.param(("v0.2.0", FOLDER_IMAGE), id="v0.2.0-folder-image"),
+    pytest.param(("v0.3.0", FOLDER_IMAGE), id="v0.3.0-folder-image"),
 ]
 
 
@@ -59,13 +62,17 @@ MODEL_VALUES = {"image": (32, 48), "tensor": (256, 512), "sequence": (64, 96)}
 def user_edits(project: Path, data_format: str) -> dict[str, list[tuple[str, str]]]:
     """Edit the project as a user would; returns, per file, ``(template's text, user's text)`` pairs."""
     was, now = (MODEL_DEFAULT[data_format].format(v) for v in MODEL_VALUES[data_format])
+    if "  seed: 0 " in (project / "configs/default.yaml").read_text(encoding="utf-8"):  # every key, as before v0.3.0
+        settings = [("  epochs: 3 ", "  epochs: 7 "), ("  seed: 0 ", "  seed: 42 "), (LOADER, USER_COMMENT + LOADER)]
+    else:  # a few keys: the user changes one and adds one
+        settings = [
+            ("  epochs: 3\n", "  epochs: 7\n"),
+            ("  run_dir: runs/default\n", "  run_dir: runs/default\n  seed: 42\n"),
+            ("\ntrain:\n", USER_COMMENT + "\ntrain:\n"),
+        ]
     edits = {
         "src/update_check/model.py": [(was, now)],
-        "configs/default.yaml": [
-            ("  epochs: 3 ", "  epochs: 7 "),
-            ("  seed: 0 ", "  seed: 42 "),
-            (LOADER, USER_COMMENT + LOADER),
-        ],
+        "configs/default.yaml": settings,
         "README.md": [("", USER_README)],
     }
     for rel, pairs in edits.items():
@@ -179,11 +186,24 @@ def test_every_file_the_user_did_not_edit_is_what_a_fresh_render_writes(updated:
     """The update leaves no trace of the release in the template's files: they are this version's, byte for byte."""
     fresh = tmp_path / "fresh"
     render(fresh, **updated["answers"])
-    ours = {**updated["keep"], ".copier-answers.yml": []}  # the user's files, and the answers (their _commit)
+    ours = {**updated["keep"], ".copier-answers.yml": []}  # the files they edited, and the answers (their _commit)
+    if updated["release"] in LEAVES_USER_FILES:  # and their own files, as that release wrote them
+        ours |= dict.fromkeys(USER_OWN, [])
     differ = [
         rel for rel, text in rendered_files(fresh).items() if rel not in ours and updated["files"].get(rel) != text
     ]
     assert not differ, f"after the update these differ from a fresh render: {differ}"
+
+
+def test_the_users_own_files_are_left_as_they_were(updated: dict) -> None:
+    """From a release with files of the user's own, the update writes nothing in them: no conflict, no change."""
+    if updated["release"] not in LEAVES_USER_FILES:
+        pytest.skip(f"{updated['release']} predates the user's own files: the update merges them one last time")
+    for rel in sorted(USER_OWN):
+        show = ["git", "show", f"{updated['edited_commit']}:{rel}"]
+        was = subprocess.run(show, cwd=updated["project"], capture_output=True, check=True).stdout
+        assert updated["files"][rel] == was, f"the update changed the user's {rel}"
+    assert not updated["conflicted"], f"conflicts: {updated['conflicted']}"
 
 
 def test_every_user_edit_survives(updated: dict) -> None:
