@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from . import dist
-from .data.source import Source
+from .data.source import Source, data_settings
 from .errors import DiskFull, UserError, is_disk_full
 
 log = logging.getLogger(__name__)
@@ -242,14 +242,13 @@ def layout(cfg, loader) -> dict:
     The world and the loader's batching, the seed (orders and shuffle blocks), the data keys,
     and what the source knows of its data (e.g. its row count).
     """
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bad_sample_budget"}
     return {
         "world_size": dist.get_world_size(),
         "batch_size": cfg.loader.batch_size,
         "num_workers": loader.num_workers,
         "drop_last": cfg.loader.drop_last,
         "seed": cfg.train.seed,
-        "data": data,
+        "data": data_settings(cfg),
         "source": loader.dataset.fingerprint() if isinstance(loader.dataset, Source) else None,
     }
 

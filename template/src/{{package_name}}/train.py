@@ -37,6 +37,7 @@ from .compute import Compute, make_optimizer, setup_compute, train_step
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
+from .data.tuned import with_tuned
 from .errors import UserError
 from .loggers import Loggers, make_loggers
 from .model import build_model
@@ -73,7 +74,10 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val")
     ensure_tuned(cfg, train_set)
     saved = find_checkpoint(cfg, run_dir)
-    train_loader = build_loader(train_set, keep_saved_workers(cfg, saved), "train")
+    # The loader's settings, resolved once before any loader is built: a mid-epoch checkpoint's
+    # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto.
+    cfg = with_tuned(keep_saved_workers(cfg, saved), train_set)
+    train_loader = build_loader(train_set, cfg, "train")
     val_loader = build_loader(val_set, cfg, "val")
     task = train_set.task
 

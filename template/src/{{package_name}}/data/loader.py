@@ -1,8 +1,8 @@
 # torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
-"""The DataLoader factory: sampler, workers, seeding, batching and tuned settings in one place.
+"""The DataLoader factory: sampler, workers, seeding and batching in one place.
 
-    loader = build_loader(dataset, cfg, "train")
+    loader = build_loader(dataset, with_tuned(cfg, dataset), "train")  # tuned settings: data/tuned.py
     for epoch in range(cfg.train.epochs):
         set_epoch(loader, epoch)  # a new order each epoch, on every rank
         for batch in even_batches(loader, planned_batches(loader)): ...
@@ -46,7 +46,6 @@ from .. import dist, project
 from ..errors import DataError, Stalled, UserError
 from ..stopping import STOP_SIGNALS
 from .source import Source
-from .tuned import read_tuned
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +60,14 @@ class LoaderSettings:
     pin_memory: bool
 
 
-def resolve_settings(cfg, dataset, tuned: dict | None = None) -> LoaderSettings:
-    """Turn ``auto`` values into numbers: the tuned value, else the default rule.
-
-    Explicit values in the config always win over ``configs/tuned.yaml``.
-    """
-    tuned = tuned or {}
+def resolve_settings(cfg, dataset) -> LoaderSettings:
+    """Turn ``auto`` values into numbers by the default rule (tuned values are in ``cfg`` already:
+    ``tuned.with_tuned`` puts them there once, before any loader is built; no file is read here)."""
     c = cfg.loader
 
     def pick(name, fallback):
         value = getattr(c, name)
-        return value if value != "auto" else tuned.get(name, fallback)
+        return value if value != "auto" else fallback
 
     num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.processes_per_node()))
     if not isinstance(dataset, IterableDataset):
@@ -349,7 +345,7 @@ def build_loader(
             rank, world_size = dist.get_rank(), dist.get_world_size()
         collate_fn = collate_fn or default_collate
     train = split == "train"
-    s = resolve_settings(cfg, dataset, read_tuned(cfg, dataset))
+    s = resolve_settings(cfg, dataset)  # configs/tuned.yaml is applied once, before (tuned.with_tuned)
     if isinstance(dataset, IterableDataset):
         if isinstance(dataset, Source) and train:
             dataset.check_workers(s.num_workers)

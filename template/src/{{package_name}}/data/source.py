@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import hashlib
 import multiprocessing
 import random
@@ -160,6 +161,12 @@ class Source(abc.ABC):
         """A new epoch starts: new augmentations (an iterable source also reorders itself; a map-style
         one's sampler does that). A subclass that overrides it calls this one."""
         self._epoch.value = epoch
+
+
+def data_settings(cfg) -> dict:
+    """The ``data`` keys that name the data and how it is read: all but ``bad_sample_budget`` (how much of
+    it may be bad changes neither). Tuned loader settings and a resumed epoch's position depend on these."""
+    return {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bad_sample_budget"}
 
 
 def sample_seed(seed: int, epoch: int, key: str) -> int:

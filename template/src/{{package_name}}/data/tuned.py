@@ -16,14 +16,14 @@ import torch
 import yaml
 
 from .. import dist
-from .source import Source
+from .source import Source, data_settings
 
 log = logging.getLogger(__name__)
 
 
 def fingerprint(cfg, dataset) -> dict:
     """What the tuned settings depend on; `train` re-tunes when any of it changes."""
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bad_sample_budget"}
+    data = data_settings(cfg)
     if "://" not in data["root"]:
         data["root"] = str(Path(data["root"]).resolve())
     return {
@@ -43,6 +43,18 @@ def read_tuned(cfg, dataset) -> dict | None:
         if entry.get("fingerprint") == fp:
             return entry.get("loader") or None
     return None
+
+
+def with_tuned(cfg, dataset):
+    """``cfg`` with each ``loader`` key left at ``auto`` set to its tuned value for this data and machine.
+
+    Called once, before any loader is built (``build_loader`` reads no file): explicit values
+    win, and without a matching entry the keys stay ``auto`` (the default rule).
+    """
+    tuned = read_tuned(cfg, dataset) or {}
+    fields = {f.name for f in dataclasses.fields(cfg.loader)}
+    chosen = {k: v for k, v in tuned.items() if k in fields and getattr(cfg.loader, k) == "auto"}
+    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, **chosen)) if chosen else cfg
 
 
 def _tuned_entries(path: str) -> list[dict]:
