@@ -265,7 +265,8 @@ def test_after_resolving_the_conflicts_the_project_works(updated: dict) -> None:
 
 def test_an_answer_changed_on_update_never_deletes_a_file_the_user_changed(tmp_path: Path, capfd) -> None:
     """``copier update -d data_source=stream`` on a folder project whose data/folder.py the user edited
-    stops before changing anything, naming the file; once the user removed it, the update goes on."""
+    stops before changing anything, naming the file; so does another data_format (model.py and task.py
+    are the user's); once the user removed the file, the update goes on."""
     template = copy_template_repo(tmp_path / "template", tag="v1.0.0")
     project = tmp_path / "project"
     render(project, src=template, tasks=True, project_name="Answer Change")
@@ -281,6 +282,13 @@ def test_an_answer_changed_on_update_never_deletes_a_file_the_user_changed(tmp_p
     said = capfd.readouterr().err
     assert "error: with data_source=stream" in said and "src/answer_change/data/folder.py" in said, said
     assert rendered_files(project) == before and not git(project, "status", "--porcelain"), "the update changed files"
+    # another sample format: model.py and task.py are the user's, written for the old one
+    with pytest.raises(TaskError):
+        copier.run_update(str(project), data={"data_format": "tensor"}, defaults=True, overwrite=True, unsafe=True)
+    assert "changes what a sample is" in capfd.readouterr().err and rendered_files(project) == before
+    # the command line's answers are strings ("0" is num_gpus=0, unchanged): nothing to stop
+    copier.run_update(str(project), data={"num_gpus": "0"}, defaults=True, overwrite=True, unsafe=True, quiet=True)
+    assert not git(project, "status", "--porcelain")
     git(project, "rm", "-q", str(edited.relative_to(project)))
     git(project, "commit", "-q", "-m", "my change moves to a source of my own")
     copier.run_update(

@@ -45,8 +45,8 @@ CHANGES = [
     ),
     (  # their run settings
         "configs/default.yaml",
-        "  epochs: 3 ",
-        "  epochs: 2 ",
+        "  epochs: 3\n",
+        "  epochs: 2\n",
     ),
     (
         "src/users_project/task.py",

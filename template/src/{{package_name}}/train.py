@@ -74,11 +74,11 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val")
     ensure_tuned(cfg, train_set)
     saved = find_checkpoint(cfg, run_dir)
-    # The loader's settings, resolved once before any loader is built: a mid-epoch checkpoint's
-    # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto.
-    cfg = with_tuned(keep_saved_workers(cfg, saved), train_set)
-    train_loader = build_loader(train_set, cfg, "train")
-    val_loader = build_loader(val_set, cfg, "val")
+    # The loaders' settings, resolved once before any loader is built: a mid-epoch checkpoint's
+    # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto
+    # (each split's own entry: validation's data is another). The run keeps the config as given.
+    train_loader = build_loader(train_set, with_tuned(keep_saved_workers(cfg, saved), train_set), "train")
+    val_loader = build_loader(val_set, with_tuned(cfg, val_set), "val")
     task = train_set.task
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)

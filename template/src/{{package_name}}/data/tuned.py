@@ -54,6 +54,9 @@ def with_tuned(cfg, dataset):
     tuned = read_tuned(cfg, dataset) or {}
     fields = {f.name for f in dataclasses.fields(cfg.loader)}
     chosen = {k: v for k, v in tuned.items() if k in fields and getattr(cfg.loader, k) == "auto"}
+    if "num_workers" in chosen and isinstance(dataset, Source) and dataset.max_workers() is not None:
+        # as for auto: no more workers than this rank's share of the data can keep busy
+        chosen["num_workers"] = min(chosen["num_workers"], max(1, dataset.max_workers()))
     return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, **chosen)) if chosen else cfg
 
 
