@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import re
 import runpy
 import subprocess
@@ -49,6 +50,7 @@ BATCH_SIZE = 16  # not the default 32, so a default cannot pass for the answer
 # The rendered tests of what handles a format's samples (with the source's own test file): what
 # the tensor and sequence projects run (test_rendered_project_tests_pass).
 FORMAT_FILES = [
+    "test_sources.py",
     "test_task.py",
     "test_model.py",
     "test_sample_data.py",
@@ -184,7 +186,7 @@ def test_answers_file(project: Rendered) -> None:
 
 
 # The user's files (copier.yml's _skip_if_exists; the rendered README's "Which files are yours").
-USER_FILES = ("src/{package}/model.py", "src/{package}/task.py", "configs/default.yaml")
+USER_FILES = ("src/{package}/model.py", "src/{package}/task.py", "src/{package}/sources.py", "configs/default.yaml")
 YOURS = "# Yours: `copier update` never rewrites this file."
 THE_TEMPLATES = "torchfeed's file: `copier update` replaces it"
 
@@ -208,7 +210,7 @@ def test_every_file_says_whose_it_is_and_the_readme_lists_the_users(project: Ren
     readme = project.files["README.md"].decode("utf-8").split("## Which files are yours", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.MULTILINE))
     assert listed == users, f"the README's table of the user's files says {sorted(listed)}"
-    assert yaml.safe_load(project.files[".copier-answers.yml"])["torchfeed_ownership"] == 1
+    assert yaml.safe_load(project.files[".copier-answers.yml"])["torchfeed_ownership"] == 2
 
 
 def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> None:
@@ -237,13 +239,15 @@ VARIANT_MARKERS = [
     ("data_format", {"sequence"}, [r"max_len", r"\btoken", r"utf-8 text"]),
 ]
 EXPECTED_DATA_MODULES = {
-    "folder": {"folder.py", "folder_index.py", "sample.py"},
-    "sqlite": {"sqlite.py", "database.py", "iterable.py", "sample.py"},
-    "http": {"http.py", "database.py", "serve.py", "iterable.py", "sample.py"},
-    "shards": {"shards.py", "shard_reader.py", "folder_index.py", "iterable.py", "sample.py"},
+    "folder": {"folder.py", "folder_index.py"},
+    "sqlite": {"sqlite.py", "database.py", "iterable.py"},
+    "http": {"http.py", "database.py", "serve.py", "iterable.py"},
+    "shards": {"shards.py", "shard_reader.py", "folder_index.py", "iterable.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",
+    "project_source.py",  # one per source, by its file name's condition
+    "sample.py",
     "source.py",
     "loader.py",
     "budget.py",
@@ -299,6 +303,26 @@ def test_the_config_command_prints_every_key_with_its_value_and_meaning(project:
     assert len(re.findall(r"^\| `[a-z_]+\.[a-z_]+` \| `", table, flags=re.MULTILINE)) == len(truth)
 
 
+# What reading the config may import of the project: the config's own modules and the seams it reads
+# keys from (model.py's ModelConfig, sources.py's SourceKeys), and no data code.
+CONFIG_IMPORTS = {"", "config", "data", "data.project_source", "errors", "format_config", "model", "project", "sources"}
+
+
+def test_the_config_is_a_leaf_that_imports_no_data_code(project: Rendered) -> None:
+    """``import <package>.config`` imports none of the sources, the loader, the cache or the format's
+    decoding (torchdata, PIL, torchvision, psutil): the data path runs one way, from the config down."""
+    if project.answers["num_gpus"] > 0:
+        pytest.skip("the same Python as the CPU answers' (project.py's numbers aside)")
+    probe = f"import json, sys; import {project.package}.config; print(json.dumps(sorted(sys.modules)))"
+    result = run([sys.executable, "-c", probe], project.path, env=project_env(project.path))
+    assert result.returncode == 0, tail(result.stdout)
+    modules = json.loads(result.stdout.splitlines()[-1])
+    ours = {m.removeprefix(project.package).lstrip(".") for m in modules if m.split(".")[0] == project.package}
+    assert ours == CONFIG_IMPORTS, f"the config imports {sorted(ours - CONFIG_IMPORTS)} of the project"
+    heavy = sorted(m for m in ("torchdata", "PIL", "torchvision", "psutil", "webdataset") if m in modules)
+    assert not heavy, f"the config imports {heavy}"
+
+
 def import_rendered(project: Rendered, module: str):
     """A module of the rendered package, imported in this process (its package has a name of its own)."""
     sys.path.insert(0, str(project.path / "src"))
@@ -322,42 +346,38 @@ def dataclass_defaults(project: Rendered) -> dict[str, object]:
 
 
 def readme_defaults(text: str) -> dict[str, object]:
-    """The README's "Config keys" table: ``section.key`` -> its default cell, read as YAML."""
-    table = text.split("## Config keys", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", table, flags=re.MULTILINE)
+    """A table of keys and defaults in the README: ``section.key`` -> its default cell, read as YAML."""
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.MULTILINE)
     return {key: yaml.safe_load(cell) for key, cell in rows}
 
 
 def mismatches(truth: dict[str, object], yaml_text: str, readme_text: str) -> list[str]:
-    """Every key whose default differs between the dataclasses, configs/default.yaml and the README."""
+    """Every key whose default the seed config gives otherwise than the dataclasses, and every default
+    the README repeats (the ``config`` command prints them: a copy by hand would go stale)."""
     tree = yaml.safe_load(yaml_text)
     in_yaml = {f"{s}.{k}": v for s, keys in tree.items() for k, v in (keys or {}).items()}
     problems = []
-    for where, found in (("configs/default.yaml", in_yaml), ("README.md", readme_defaults(readme_text))):
-        for key in sorted(truth.keys() | found.keys()):
-            if key not in found and where == "configs/default.yaml":  # the user's: it sets a few keys
-                continue
-            if key not in found:
-                problems.append(f"{key}: missing from {where}")
-            elif key not in truth:
-                problems.append(f"{key}: in {where} but not a config key")
-            elif found[key] != truth[key] or type(found[key]) is not type(truth[key]):
-                problems.append(f"{key}: {where} says {found[key]!r}, the dataclass {truth[key]!r}")
+    for key, value in sorted(in_yaml.items()):
+        if key not in truth:
+            problems.append(f"{key}: in configs/default.yaml but not a config key")
+        elif value != truth[key] or type(value) is not type(truth[key]):
+            problems.append(f"{key}: configs/default.yaml says {value!r}, the dataclass {truth[key]!r}")
+    problems += [f"{key}: README.md repeats its default by hand" for key in sorted(readme_defaults(readme_text))]
     return problems
 
 
-def test_defaults_agree_in_the_dataclasses_the_yaml_and_the_readme(project: Rendered) -> None:
-    """The dataclasses hold the defaults; the README's table repeats them, the seed config a few."""
+def test_defaults_live_in_the_dataclasses_alone(project: Rendered) -> None:
+    """The dataclasses hold the defaults; the seed config sets a few of them, the README none (``config``
+    prints them all, the user's own keys too)."""
     yaml_text, readme = project.files["configs/default.yaml"].decode(), project.files["README.md"].decode()
     truth = dataclass_defaults(project)
     assert mismatches(truth, yaml_text, readme) == []
-    # The check names the key that differs: an edited copy of each file.
+    assert f"python -m {project.package} config --markdown" in readme
+    # The check names what differs: an edited copy of each file.
     edited = re.sub(r"^(  epochs:) \d+", r"\1 7", yaml_text, count=1, flags=re.MULTILINE)
     assert mismatches(truth, edited, readme) == ["train.epochs: configs/default.yaml says 7, the dataclass 3"]
-    dropped = re.sub(r"^\| `train.seed` \|.*\n", "", readme, count=1, flags=re.MULTILINE)
-    assert mismatches(truth, yaml_text, dropped) == ["train.seed: missing from README.md"]
-    edited_readme = re.sub(r"^(\| `optim.lr` \| )`[^`]*`", r"\1`0.1`", readme, count=1, flags=re.MULTILINE)
-    assert mismatches(truth, yaml_text, edited_readme) == ["optim.lr: README.md says 0.1, the dataclass 0.003"]
+    table = "| key | default |\n| --- | --- |\n| `optim.lr` | `0.003` |\n"
+    assert mismatches(truth, yaml_text, readme + table) == ["optim.lr: README.md repeats its default by hand"]
 
 
 def test_pyproject(project: Rendered) -> None:

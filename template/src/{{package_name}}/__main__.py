@@ -31,11 +31,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .data import COMMANDS
+    from .data import commands
 
     p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():  # what this project's data source brings: sample-data, ...
+    for name, command in commands().items():  # what this project's data source brings: sample-data, ...
         command.add_arguments(s := sub.add_parser(name, help=command.HELP))
         _common(s)
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int | None:
     from .config import load_config
-    from .data import COMMANDS, build_dataset
+    from .data import build_dataset, commands
 
     cfg = load_config(args.config, args.overrides)  # every key checked before any work
-    if args.command in COMMANDS:
-        return COMMANDS[args.command].run(cfg, args)
+    if args.command in (brought := commands()):
+        return brought[args.command].run(cfg, args)
     if args.command == "config":
         from .config import as_markdown, as_yaml
 
@@ -105,8 +105,10 @@ def run(args: argparse.Namespace) -> int | None:
     if args.command == "bench":
         from .bench import run_bench
         from .report import summary, table
+        from .task import Task
 
-        report = run_bench(cfg, build_dataset(cfg, "train"), quick=args.quick, budget_s=args.budget_s)
+        task = Task(cfg.data, "train")  # the dataset's transforms, and the loss of the stall's model step
+        report = run_bench(cfg, build_dataset(cfg, "train", task), task, quick=args.quick, budget_s=args.budget_s)
         if dist.is_main_process():
             print(table(report))
             print(summary(report))

@@ -210,21 +210,21 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
     return round(statistics.median(times), 4)
 
 
-def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
-    """The model's training step on a real batch, on the training device, against the loader."""
+def stall(cfg, dataset, task, loader_samples_per_s: float) -> dict:
+    """The model's training step (with ``task``'s loss) on a real batch, on the training device, against the loader."""
     from .compute import make_optimizer, setup_compute, train_step
     from .model import build_model
 
     device = dist.pick_device(project.NUM_GPUS)
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
-    model = build_model(cfg, dataset.num_classes, dataset.task.sample_shape).to(device)
+    model = build_model(cfg, dataset.num_classes, task.sample_shape).to(device)
     model.train()
     compute = setup_compute(cfg.train.amp, device, model)
     optimizer = make_optimizer(model, cfg.optim, device)
     times = []
     for i in range(12):  # 3 warm-up steps, 9 timed
         start = time.perf_counter()
-        train_step(model, dataset.task, optimizer, batch, compute)
+        train_step(model, task, optimizer, batch, compute)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= 3:
@@ -251,9 +251,9 @@ def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
 
 def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
     """The source (``data.root``) at the setting chosen for its cache: how much faster the cache is."""
-    from .data import ProjectSource
+    from .data import source_class
 
-    source = ProjectSource.open(cfg, "train")
+    source = source_class(cfg.data.source).open(cfg, "train")
     workers = min(chosen["num_workers"], source.max_workers() or chosen["num_workers"])
     loader = _loader(
         cfg, source, num_workers=workers, prefetch_factor=chosen["prefetch_factor"], persistent_workers=True
@@ -266,8 +266,11 @@ def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
     }
 
 
-def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches: int | None = None) -> dict:
-    """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports."""
+def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, batches: int | None = None) -> dict:
+    """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports.
+
+    ``dataset`` is the train split read with ``task``, whose loss the stall's model step computes.
+    """
     batches = batches or (6 if quick else 30)
     base = resolve_settings(cfg, dataset)
     points = sweep(cfg, dataset, quick, budget_s, batches, pin_memory=False)
@@ -316,7 +319,7 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
     if not quick:
-        report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
+        report["stall"] = stall(cfg, dataset, task, chosen["samples_per_s"])
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
     if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
@@ -326,5 +329,5 @@ def run_bench(cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches
     return report
 
 
-def quick_bench(cfg, dataset) -> dict:
-    return run_bench(cfg, dataset, quick=True, budget_s=15.0)
+def quick_bench(cfg, dataset, task) -> dict:
+    return run_bench(cfg, dataset, task, quick=True, budget_s=15.0)

@@ -7,9 +7,10 @@
 The dataclasses are the only place defaults live, each key's meaning in the comment above its
 field: ``python -m <package> config`` prints them all (:func:`as_yaml`, :func:`as_markdown`).
 ``configs/default.yaml`` is the user's: it sets the keys they choose. The ``data`` section joins
-the keys of this project's source (``SourceConfig`` in ``data/``) and of its sample format
-(``FormatConfig`` in ``sample_format.py``) with the common ones below; ``model`` is
-``ModelConfig`` in model.py.
+the common keys below with those of this project's source (``SourceConfig`` in
+data/project_source.py), of its sample format (``FormatConfig`` in format_config.py) and of your
+own sources (``SourceKeys`` in sources.py); ``model`` is ``ModelConfig`` in model.py. This module
+imports no data code: none of the sources, the loader or the sample format's decoding.
 
 OmegaConf merges the layers (dataclass defaults, then the YAML file, then the overrides) and
 checks types; each section's ``__post_init__`` checks ranges. Unknown keys, wrong types and
@@ -33,11 +34,12 @@ from typing import Union
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from . import project
-from .data import SourceConfig
+from . import data, project
+from .data.project_source import SourceConfig
 from .errors import ConfigError, require
+from .format_config import FormatConfig
 from .model import ModelConfig
-from .sample_format import FormatConfig
+from .sources import SourceKeys
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,11 @@ AUTO = "auto"
 
 
 @dataclass
-class DataConfig(FormatConfig, SourceConfig):
-    """``data.*``: where samples come from (``SourceConfig``), what one is (``FormatConfig``), and these."""
+class DataConfig(SourceKeys, FormatConfig, SourceConfig):
+    """``data.*``: where samples come from (``SourceConfig``, ``SourceKeys``), what one is (``FormatConfig``), these."""
 
+    # The source that reads data.root: this project's own, or one of yours named in sources.py.
+    source: str = data.project_source.NAME
     # Unreadable or corrupt samples skipped (and logged) per process before the run stops.
     bad_sample_budget: int = 10
     # A cache written by `pack --to cache` to train from instead of data.root ("" = none).
@@ -57,6 +61,9 @@ class DataConfig(FormatConfig, SourceConfig):
     def __post_init__(self) -> None:
         SourceConfig.__post_init__(self)
         FormatConfig.__post_init__(self)
+        SourceKeys.__post_init__(self)
+        names = data.registry()
+        require("data.source", self.source, self.source in names, f"one of: {', '.join(names)} (yours: sources.py)")
         require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
 
 

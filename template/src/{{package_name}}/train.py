@@ -42,6 +42,7 @@ from .errors import UserError
 from .loggers import Loggers, make_loggers
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
+from .task import Task
 
 log = logging.getLogger(__name__)
 NO_LOGGERS = Loggers([])
@@ -71,15 +72,17 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     if dist.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed + 1000 * dist.get_rank())
-    train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val")
-    ensure_tuned(cfg, train_set)
+    # The task (task.py) is the objective the loop trains (its loss and metric) and what reads the
+    # training samples (its transforms); validation reads with its own, its eval transforms.
+    task = Task(cfg.data, "train")
+    train_set, val_set = build_dataset(cfg, "train", task), build_dataset(cfg, "val")
+    ensure_tuned(cfg, train_set, task)
     saved = find_checkpoint(cfg, run_dir)
     # The loaders' settings, resolved once before any loader is built: a mid-epoch checkpoint's
     # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto
     # (each split's own entry: validation's data is another). The run keeps the config as given.
     train_loader = build_loader(train_set, with_tuned(keep_saved_workers(cfg, saved), train_set), "train")
     val_loader = build_loader(val_set, with_tuned(cfg, val_set), "val")
-    task = train_set.task
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)
     compute = setup_compute(cfg.train.amp, device, model)
@@ -219,7 +222,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         # Resumed from a checkpoint on the epoch's last step: the loader holds the position at the
         # epoch's end, which its next iterator would continue into (and end at once). This one does.
         next(iter(loader), None)
-    spare = functools.partial(spare_batch, loader.dataset)
+    spare = functools.partial(spare_batch, loader.dataset, run.task)
     bar = tqdm(
         total=planned,
         initial=progress.batch,
@@ -355,12 +358,13 @@ def trainable(batch: dict | None, last: dict | None, spare) -> tuple[dict, int, 
     return last, 0, last
 
 
-def spare_batch(dataset) -> dict:
+def spare_batch(dataset, task) -> dict:
     """Two readable training samples, batched: a stand-in for a rank with no batch of its own yet.
 
-    Taken from the source's first samples (``peek``), so the loader's position is not touched.
+    Taken from the source's first samples (``peek``), read with ``task``, so the loader's position is
+    not touched.
     """
-    task, good = dataset.task, []
+    good = []
     for data in dataset.peek(16):
         try:
             good.append({"input": task(data), "target": 0, "key": "(stand-in)"})
@@ -417,7 +421,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def ensure_tuned(cfg, dataset) -> None:
+def ensure_tuned(cfg, dataset, task) -> None:
     """Run the quick benchmark (rank 0) when ``configs/tuned.yaml`` is missing or stale."""
     from .bench import quick_bench  # bench imports the whole data stack; train needs it only here
     from .data.tuned import read_tuned
@@ -426,5 +430,5 @@ def ensure_tuned(cfg, dataset) -> None:
         return
     if dist.is_main_process() and read_tuned(cfg, dataset) is None:
         log.info("no tuned loader settings for this data and machine: running `bench --quick`")
-        quick_bench(cfg, dataset)
+        quick_bench(cfg, dataset, task)
     dist.barrier()  # every rank, whatever it would have decided: a rank skipping it would hang the rest

@@ -25,12 +25,13 @@ def _mark_of(path: Path, folder: bool) -> Path:
     return path / MARK if folder else path.with_name(path.name + MARK)
 
 
-def claim(path: str | os.PathLike, folder: bool) -> None:
+def claim(path: str | os.PathLike) -> None:
     """Refuse to write ``path`` (a folder, or a file) unless nothing is there or sample-data wrote it.
 
     In a folder it wrote before, the files it wrote then are removed (and folders they leave empty).
     """
     path = Path(path)
+    folder = path.is_dir()
     mark_file = _mark_of(path, folder)
     if not path.exists() or (folder and path.is_dir() and not any(path.iterdir())):
         return
@@ -62,9 +63,10 @@ def _remove_listed(folder: Path, mark_file: Path) -> None:
             parent.rmdir()  # only if empty
 
 
-def mark(path: str | os.PathLike, folder: bool, files: list[str] = ()) -> None:
-    """Mark ``path`` as sample-data's own, listing ``files`` (relative to the folder) that it wrote."""
+def mark(path: str | os.PathLike, files: list[str] = ()) -> None:
+    """Mark ``path`` (a folder or a file) as sample-data's own, listing the ``files`` (in a folder) it wrote."""
     path = Path(path)
+    folder = path.is_dir()
     text = "Written by `sample-data`; it may write here again, replacing the files listed below (and only those).\n"
     text += "Delete this file to keep it from doing so.\n"
     if folder:

@@ -10,9 +10,19 @@ sample dict with the task (``task.py``)::
 
 It is a torch ``Dataset`` (map-style: ``__len__`` and ``__getitem__``; the loader's sampler
 splits it by rank) or an ``IterableDataset`` that splits itself by rank, then by worker.
-This project's source is the one ``data/__init__.py`` names. To read another kind of data,
-write a module with a config dataclass (its keys join the ``data`` section) and a subclass of
-:class:`Source`, and name both there.
+``data.source`` names the source a run reads: this project's own (data/project_source.py) or
+one of yours. To read another kind of data, write a subclass of :class:`Source` in a module of
+yours, and name it in sources.py (its keys go there too, in ``SourceKeys``).
+
+What a source must do: its constructor, :meth:`Source.peek` and :meth:`Source.fingerprint`, and
+map-style ``__len__``/``__getitem__`` (the loader's sampler splits the data by rank), or an
+``IterableDataset``'s ``__iter__`` that splits it by rank, then by worker. Optional, each enabling
+one thing:
+
+- :meth:`Source.write_samples` (the sample-data protocol): ``sample-data`` writes sample data
+  for it, and the project's contract tests (tests/test_sources.py) run on it;
+- :meth:`Source.identity` and :meth:`Source.records`: ``pack --to cache`` can cache it (without
+  them, ``pack`` says so in one line, and the tests skip the cache).
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ import dataclasses
 import hashlib
 import multiprocessing
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +43,17 @@ from torch.utils.data import get_worker_info
 from .. import dist
 from ..errors import UserError
 from ..task import Task
+
+
+class Sample(NamedTuple):
+    """One sample as ``sample-data`` and the tests hand it to :meth:`Source.write_samples`."""
+
+    split: str  # "train" or "val"
+    label: int  # the class id, 0 .. classes - 1
+    label_name: str  # the class's name (e.g. what a folder of class sub-folders calls it)
+    name: str  # a name unique within its split and class, without extension
+    ext: str  # the file extension of ``data``, one of the task's ``extensions``
+    data: bytes  # the encoded sample: the bytes of a file
 
 
 class Source(abc.ABC):
@@ -77,20 +99,49 @@ class Source(abc.ABC):
         self._epoch = multiprocessing.Value("q", 0, lock=False)
 
     @classmethod
-    def open(cls, cfg, split: str, *, rank: int | None = None, world_size: int | None = None) -> Source:
+    def open(
+        cls, cfg, split: str, task: Task | None = None, *, rank: int | None = None, world_size: int | None = None
+    ) -> Source:
         """The source of ``split`` for this process (or the given rank), its task prepared.
 
         Args:
             cfg (Config): the run's config.
             split (str): ``"train"`` or ``"val"``.
+            task (Task, optional): decodes and transforms the samples; default ``Task(cfg.data, split)``.
             rank, world_size (int, optional): default to the running process group's; pass
                 them to build another rank's share (tests, ``bench``'s checks).
         """
         if rank is None or world_size is None:
             rank, world_size = dist.get_rank(), dist.get_world_size()
-        source = cls(cfg.data, split, Task(cfg.data, split), seed=cfg.train.seed, rank=rank, world_size=world_size)
+        task = task if task is not None else Task(cfg.data, split)
+        source = cls(cfg.data, split, task, seed=cfg.train.seed, rank=rank, world_size=world_size)
         source.task.prepare(source.peek(16), where=cfg.data.root)
         return source
+
+    @classmethod
+    def write_samples(cls, cfg, dest: str, samples: Iterable[Sample]) -> None:
+        """The sample-data protocol: write ``samples`` at ``dest`` in the layout this source reads.
+
+        ``data.root=dest`` then reads them (a source whose root is not a path, such as an API's
+        URL, says where its samples are served from instead). ``sample-data`` writes with it, into
+        a new or empty path; the tests (tests/test_sources.py) write their sample data with it and
+        check the source on what they wrote. Optional: without it, ``sample-data`` says so in one
+        line and those tests skip.
+
+        Args:
+            cfg (DataConfig): the ``data`` section.
+            dest (str): where to write: a folder or a file, as ``data.root`` names one.
+            samples (iterable of :class:`Sample`): the samples of both splits, in order.
+        """
+        raise UserError(
+            f"{cls.__name__} defines no write_samples() (the sample-data protocol, data/source.py), which "
+            "`sample-data` and the source's contract tests need"
+        )
+
+    @classmethod
+    def cacheable(cls) -> bool:
+        """Whether ``pack --to cache`` can cache this source: it defines :meth:`identity` and :meth:`records`."""
+        return cls.identity is not Source.identity and cls.records is not Source.records
 
     @property
     def num_classes(self) -> int:
@@ -131,9 +182,9 @@ class Source(abc.ABC):
 
         Costlier than :meth:`fingerprint` (it may look at every file): ``pack --to cache``
         records it, and training from a cache compares it (see data/cache.py). Optional, as
-        :meth:`records` is: only ``pack --to cache`` needs them.
+        :meth:`records` is: only ``pack --to cache`` needs them (see :meth:`cacheable`).
         """
-        raise UserError(f"{type(self).__name__} defines no identity(), which `pack --to cache` needs")
+        raise UserError(not_cacheable(type(self)))
 
     def records(self, start=None) -> Iterator[tuple]:
         """Every sample of this process's share, undecoded, in a fixed order, from cursor ``start``.
@@ -141,7 +192,7 @@ class Source(abc.ABC):
         Yields ``(key, label, bytes or the Exception reading them, cursor)``; passing a row's
         cursor (a JSON value) as ``start`` continues after that row (``pack`` resumes so).
         """
-        raise UserError(f"{type(self).__name__} defines no records(), which `pack --to cache` needs")
+        raise UserError(not_cacheable(type(self)))
 
     def planned_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches every rank yields this epoch: the fewest of any rank; ``None`` if unknown.
@@ -161,6 +212,15 @@ class Source(abc.ABC):
         """A new epoch starts: new augmentations (an iterable source also reorders itself; a map-style
         one's sampler does that). A subclass that overrides it calls this one."""
         self._epoch.value = epoch
+
+
+def not_cacheable(cls: type) -> str:
+    """What ``pack --to cache`` says of a source that cannot be cached."""
+    missing = [m for m in ("identity", "records") if getattr(cls, m) is getattr(Source, m)]
+    return (
+        f"{cls.__name__} cannot be cached: it defines no {' and no '.join(f'{m}()' for m in missing)}, which "
+        "`pack --to cache` needs (data/source.py); train from the source itself (data.cache=)"
+    )
 
 
 def data_settings(cfg) -> dict:
