@@ -4,13 +4,15 @@ Render the default project (folder/image) from a scratch copy of this template, 
 a user makes in their first week, by script, in every file the README says is theirs: a
 torchvision resnet18 as the model, a new key it reads (`model.zero_init`, one field in model.py),
 ColorJitter in the train transform, label smoothing 0.1 in the loss, a print of the loss at every
-step, their run settings in configs/default.yaml. Commit. Then the template's next release
+step, their run settings in configs/default.yaml, and a source of their own (a CSV of file paths
+and classes: one module of theirs and one line in sources.py). Commit. Then the template's next release
 changes every file of the template (the user's too: their new version must not arrive) and the
 project updates to it: no conflict marker or rejected hunk anywhere, each user file exactly as
 the user left it, each template change applied. Then run the project's fast suite: it checks
 the pipeline's guarantees and the contract those files keep, so it must stay green (and fast: it
 trains the tests' own small model, not the user's resnet18, but for the contract tests and the
-commands it runs as processes).
+commands it runs as processes); the user's source gets the sources' contract tests (test_sources.py)
+by implementing the sample-data protocol, and trains.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ CHANGES = [
         "  epochs: 3\n",
         "  epochs: 2\n",
     ),
+    (  # a source of their own: the module below, and this line
+        "src/users_project/sources.py",
+        "SOURCES: dict[str, str] = {}\n",
+        'SOURCES: dict[str, str] = {"csv": ".csv_source:CSVSource"}\n',
+    ),
     (
         "src/users_project/task.py",
         "        return F.cross_entropy(logits.float(), target)\n",
@@ -58,8 +65,76 @@ CHANGES = [
 ]
 
 
+# A module of the user's: a source reading root/samples.csv (split, class, path), written as a user would.
+CSV_SOURCE = '''"""Samples listed in a CSV: ``root/samples.csv``, its columns split, class, path (under root)."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .data.source import Source
+
+
+class CSVSource(Source, Dataset):
+    def __init__(self, cfg, split, task, **kwargs) -> None:
+        super().__init__(cfg, split, task, **kwargs)
+        self.root = cfg.root
+        with open(os.path.join(cfg.root, "samples.csv"), newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        train = [r for r in rows if r["split"] == "train"]
+        self.classes = sorted({r["class"] for r in train})
+        mine = [r for r in rows if r["split"] == split]
+        self.paths = np.array([r["path"] for r in mine])  # arrays, not lists: workers copy nothing on read
+        self.labels = np.array([self.classes.index(r["class"]) for r in mine])
+        self.first = [r["path"] for r in train[:16]]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, path: str) -> bytes:
+        with open(os.path.join(self.root, path), "rb") as f:
+            return f.read()
+
+    def __getitem__(self, i: int) -> dict:
+        key = str(self.paths[i])
+        try:
+            sample = self.transformed(key, self.task, self.read(key))
+        except Exception as e:
+            return {"key": key, "bad": f"{type(e).__name__}: {e}"}
+        return {"input": sample, "target": int(self.labels[i]), "key": key}
+
+    def peek(self, n: int) -> list[bytes]:
+        return [self.read(p) for p in self.first[:n]]
+
+    def fingerprint(self) -> dict:
+        return {"rows": len(self.paths)}
+
+    @classmethod
+    def write_samples(cls, cfg, dest, samples) -> None:
+        os.makedirs(os.path.join(dest, "files"), exist_ok=True)
+        with open(os.path.join(dest, "samples.csv"), "w", newline="", encoding="utf-8") as f:
+            out = csv.writer(f)
+            out.writerow(["split", "class", "path"])
+            for s in samples:
+                path = f"files/{s.split}-{s.label_name}-{s.name}{s.ext}"
+                with open(os.path.join(dest, path), "wb") as g:
+                    g.write(s.data)
+                out.writerow([s.split, s.label_name, path])
+'''
+NEW_FILES = {"src/users_project/csv_source.py": CSV_SOURCE}
+
 # The user's files (the README's "Which files are yours"), and what the next release appends to every file.
-USER_FILES = {"src/users_project/model.py", "src/users_project/task.py", "configs/default.yaml"}
+USER_FILES = {
+    "src/users_project/model.py",
+    "src/users_project/task.py",
+    "src/users_project/sources.py",
+    "configs/default.yaml",
+    *NEW_FILES,
+}
 NEXT_RELEASE = "the next release changed this file"
 MARKERS = ("<<<<<<<", "=======", ">>>>>>>")
 
@@ -87,6 +162,8 @@ def test_a_users_first_changes_keep_the_fast_suite_green_and_survive_an_update(t
         text = path.read_text(encoding="utf-8")
         assert was in text, f"the rendered {name} has no {was!r}: update this test's CHANGES"
         path.write_text(text.replace(was, now, 1), encoding="utf-8")
+    for name, text in NEW_FILES.items():
+        (project / name).write_text(text, encoding="utf-8")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "my changes")
     users = {rel: content for rel, content in rendered_files(project).items() if rel in USER_FILES}
@@ -107,11 +184,42 @@ def test_a_users_first_changes_keep_the_fast_suite_green_and_survive_an_update(t
     assert not missed, f"the template's change did not arrive in {missed}"
     start = time.monotonic()
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, env=project_env(project), timeout=800
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"],
+        project,
+        env=project_env(project),
+        timeout=800,
     )
     seconds = time.monotonic() - start
     assert result.returncode == 0, f"a user's correct changes turned the project's tests red:\n{tail(result.stdout)}"
     assert re.search(r"\b\d+ passed\b", result.stdout), tail(result.stdout)
+    # their source got the sources' contract tests, but the cache's (it defines no identity()/records())
+    passed = re.findall(r"^PASSED tests/test_sources\.py::\w+\[csv\b", result.stdout, flags=re.MULTILINE)
+    assert len(passed) >= 10, tail(result.stdout)
+    assert "CSVSource defines no identity()/records(): it cannot be cached" in result.stdout
+    # and trains: sample data written by its write_samples, selected by data.source
+    csv_run = ["data.source=csv", "data.root=data/csv", "data.image_size=32"]
+    wrote = run(
+        [sys.executable, "-m", "users_project", "sample-data", "--per-class", "8", *csv_run],
+        project,
+        env=project_env(project),
+    )
+    assert wrote.returncode == 0 and "data.source=csv" in wrote.stdout, tail(wrote.stdout)
+    trained = run(
+        [
+            sys.executable,
+            "-m",
+            "users_project",
+            "train",
+            *csv_run,
+            "train.epochs=1",
+            "loader.tuned=",
+            "train.run_dir=runs/csv",
+        ],
+        project,
+        env=project_env(project),
+        timeout=300,
+    )
+    assert trained.returncode == 0 and (project / "runs/csv/metrics.jsonl").is_file(), tail(trained.stdout)
     # the new key is a key: set on the command line, checked, and read by the model
     probe = "from users_project.config import load_config; print(load_config(None, ['model.zero_init=false']).model)"
     said = run([sys.executable, "-c", probe], project, env=project_env(project))

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "launch":
         from .launch import main as launch_main
 
-        return launch_main(argv[1:])
+        return launch_main(argv[1:], parser)
     try:
         args = parser().parse_args(argv)
         return run(args) or 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import statistics
 import sys
 import time
@@ -211,12 +212,15 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
 
 
 def stall(cfg, dataset, task, loader_samples_per_s: float) -> dict:
-    """The model's training step (with ``task``'s loss) on a real batch, on the training device, against the loader."""
+    """The model's own consumption against the loader: the training step (with ``task``'s loss) on a real
+    batch already on the training device (no copy, no loading), timed alone; how much of a step would
+    wait for data at the loader's measured rate."""
     from .compute import make_optimizer, setup_compute, train_step
     from .model import build_model
 
     device = dist.pick_device(project.NUM_GPUS)
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}  # the inputs wait there
     model = build_model(cfg, dataset.num_classes, task.sample_shape).to(device)
     model.train()
     compute = setup_compute(cfg.train.amp, device, model)
@@ -245,6 +249,52 @@ def stall(cfg, dataset, task, loader_samples_per_s: float) -> dict:
         "model_samples_per_s": round(model_rate, 1),
         "loader_over_model": round(ratio, 3),
         "waiting_fraction": round(max(0.0, 1 - ratio), 3),
+        "verdict": verdict,
+    }
+
+
+STALL_GOAL = 0.05  # the capacity verdict sizes the loader for a stall under 5% of each step
+
+
+def capacity(
+    points: list[dict], chosen: dict, model_samples_per_s: float, cpus: int, processes: int, remedies: list[str]
+) -> dict:
+    """How many loader CPUs each training process needs for a stall under 5%, and what this node gives.
+
+    One worker's delivery rate is the sweep's 1-worker point (else the chosen point's rate per worker);
+    the loader scales about linearly with workers up to the cores it has, so a process needs
+    ``0.95 x model rate / worker rate`` workers, each a CPU, and one CPU more for itself. The stall
+    to expect here is the one at the fastest setting measured.
+
+    >>> points = [{"num_workers": 1, "prefetch_factor": 2, "samples_per_s": 500.0}]
+    >>> c = capacity(points, points[0], model_samples_per_s=3000.0, cpus=2, processes=1, remedies=["pack a cache"])
+    >>> c["loader_cpus_needed"], c["cpus_per_process_needed"], c["expected_stall"]
+    (6, 7, 0.833)
+    >>> c["verdict"].split("; ")[1:]  # doctest: +NORMALIZE_WHITESPACE
+    ['this node gives each 2 (one runs the process itself): expect a 83% stall',
+     'ask for 7 CPUs per process (Slurm: --cpus-per-task=7 per GPU), or pack a cache']
+    """
+    ones = [p["samples_per_s"] for p in points if p["num_workers"] == 1]
+    per_worker = max(ones) if ones else chosen["samples_per_s"] / max(1, chosen["num_workers"])
+    needed = max(1, math.ceil((1 - STALL_GOAL) * model_samples_per_s / max(per_worker, 1e-9)))
+    given = max(1, cpus // max(1, processes))
+    expected = max(0.0, 1 - max(p["samples_per_s"] for p in points) / model_samples_per_s)
+    head = f"this model needs {needed} loader CPU{'s' * (needed > 1)} per training process"
+    if expected <= STALL_GOAL:
+        verdict = f"{head}; the loader keeps up here (expected stall {expected:.0%})"
+    else:
+        asks = [f"ask for {needed + 1} CPUs per process (Slurm: --cpus-per-task={needed + 1} per GPU)", *remedies]
+        verdict = (
+            f"{head}; this node gives each {given} (one runs the process itself): expect a {expected:.0%} stall; "
+            f"{', '.join(asks[:-1])}, or {asks[-1]}"
+        )
+    return {
+        "model_samples_per_s": round(model_samples_per_s, 1),
+        "worker_samples_per_s": round(per_worker, 1),
+        "loader_cpus_needed": needed,
+        "cpus_per_process_needed": needed + 1,
+        "cpus_per_process_given": given,
+        "expected_stall": round(expected, 3),
         "verdict": verdict,
     }
 
@@ -320,6 +370,12 @@ def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, b
         report["cache"] = cache_speedup(cfg, chosen, batches)
     if not quick:
         report["stall"] = stall(cfg, dataset, task, chosen["samples_per_s"])
+        cpus, processes = dist.usable_cpus(), dist.processes_per_node()
+        remedies = ["pack a cache (pack --to cache)"] if not isinstance(dataset, CacheSource) else []
+        if hasattr(cfg.data, "augment_on") and cfg.data.augment_on != "device":  # image projects
+            remedies.append("augment on the device (data.augment_on=device)")
+        model_rate = report["stall"]["model_samples_per_s"]
+        report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
     if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes

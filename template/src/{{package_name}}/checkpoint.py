@@ -326,6 +326,9 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
         set_rng_state(saved["rng"][rank], device)
     if progress.batch:
         now = layout(cfg, loader)
+        if isinstance(now.get("data"), dict) and isinstance(saved["layout"].get("data"), dict):
+            # a data key a later release added (data.source) did not move the position: compare those saved
+            now["data"] = {k: now["data"].get(k) for k in saved["layout"]["data"]}
         changed = {k: (v, now.get(k)) for k, v in saved["layout"].items() if now.get(k) != v}
         if changed:
             what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())

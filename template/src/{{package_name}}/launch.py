@@ -100,10 +100,13 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
     return cmd + ["-m", project.PACKAGE, *command]
 
 
-def check(command: list[str], world_size: int) -> None:
+def check(command: list[str], world_size: int, command_parser) -> None:
     """What ``train`` or ``bench`` would refuse at its start: the config, the data of both splits,
-    and a training loader for ``world_size`` processes (without its workers)."""
-    from .__main__ import parser as command_parser
+    and a training loader for ``world_size`` processes (without its workers).
+
+    ``command_parser()`` is the command line's parser (``__main__.parser``, handed down: this module
+    never imports the one above it).
+    """
     from .config import load_config
     from .data import build_dataset, build_loader
 
@@ -114,7 +117,8 @@ def check(command: list[str], world_size: int) -> None:
     build_loader(train, probe, "train", rank=0, world_size=world_size)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], command_parser) -> int:
+    """``launch [torchrun options] -- <command>``; ``command_parser()`` parses ``<command>`` (``__main__.parser``)."""
     options, command = split_argv(argv)
     args = parser().parse_args(options)
     try:
@@ -122,7 +126,7 @@ def main(argv: list[str]) -> int:
             # before any process starts: a rank without a GPU would fail with "invalid device ordinal"
             dist.check_gpus(args.nproc_per_node, torch.cuda.device_count())
         cmd = torchrun_command(args, command)
-        check(command, args.nnodes * args.nproc_per_node)
+        check(command, args.nnodes * args.nproc_per_node, command_parser)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -46,6 +46,12 @@ def summary(report: dict) -> str:
             f"model step on {st['device']}: {st['model_ms_per_step']:.1f} ms "
             f"({st['model_samples_per_s']:.0f} samples/s) -> {st['verdict']}"
         )
+    if "capacity" in report:
+        c = report["capacity"]
+        lines.append(
+            f"capacity: the model consumes {c['model_samples_per_s']:.0f} samples/s per process, one loader worker "
+            f"delivers {c['worker_samples_per_s']:.0f}: {c['verdict']}"
+        )
     for check in report.get("checks", []):
         line = f"{check['status']:4}  {check['name']}: {check['value']}"
         lines.append(line + (f"\n      {check['advice']}" if check["advice"] else ""))
