@@ -24,7 +24,17 @@ from pathlib import Path
 import copier
 import pytest
 import yaml
-from conftest import REPO, copy_template_repo, git, project_env, render, rendered_files, run, tail
+from conftest import (
+    REPO,
+    copier_questions,
+    copy_template_repo,
+    git,
+    project_env,
+    render,
+    rendered_files,
+    run,
+    tail,
+)
 from copier.errors import TaskError
 
 # Each release's updated project is built once, by one worker (tests/conftest.py: work_unit).
@@ -223,8 +233,10 @@ def test_the_template_restructuring_arrives(updated: dict) -> None:
     ]
     assert not [rel for rel in gone if rel in files], "files v0.2.0 removed are still there"
     answers = yaml.safe_load(files[".copier-answers.yml"])
-    kept = {k: v for k, v in updated["before"].items() if not k.startswith("_")}
-    assert {k: answers.get(k) for k in kept} == kept, "the update changed the answers"
+    questions = copier_questions()  # the user's answers (torchfeed_ownership is the template's mark)
+    kept = {k: v for k, v in updated["before"].items() if k in questions}
+    assert kept and {k: answers.get(k) for k in kept} == kept, "the update changed the answers"
+    assert answers["torchfeed_ownership"] == 2  # the set of user files this release leaves alone
     assert git(updated["project"], "rev-parse", "HEAD") == updated["edited_commit"], "the update committed"
 
 
