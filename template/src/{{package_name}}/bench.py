@@ -82,8 +82,10 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
         start = last = time.perf_counter()
         got = 0
         for batch in loader:
-            if sink is not None:
-                sink += batch["input"].to(device, non_blocking=True).float().mean()
+            if sink is not None:  # the input: a batch, or (JPEGs decoded on the device) a list of samples
+                inputs = batch["input"] if isinstance(batch["input"], list) else [batch["input"]]
+                for x in inputs:
+                    sink += x.to(device, non_blocking=True).float().mean()
             now = time.perf_counter()
             if len(times) == warmup:
                 timed_from = last
@@ -220,6 +222,7 @@ def stall(cfg, dataset, task, loader_samples_per_s: float) -> dict:
 
     device = dist.pick_device(project.NUM_GPUS)
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
+    batch = task.on_device(batch, device)
     batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}  # the inputs wait there
     model = build_model(cfg, dataset.num_classes, task.sample_shape).to(device)
     model.train()

@@ -179,8 +179,17 @@ def anonymous_bytes(process: psutil.Process) -> int:
     return process.memory_full_info().uss
 
 
-def _digest(t: torch.Tensor) -> str:
+def _digest(t: torch.Tensor | dict) -> str:
+    """A digest of a sample: a tensor, or (the device path) its parts: the image, its crop box and flip."""
+    if isinstance(t, dict):
+        return "".join(_digest(v.reshape(-1)) for _, v in sorted(t.items()))
     return hashlib.sha1(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+def _sample_digests(batch: dict) -> list[str]:
+    """A digest of each sample of a batch: its input and, when the device crops it, its box and flip."""
+    parts = [batch[k] for k in ("box", "flip") if k in batch]
+    return [_digest(x) + "".join(_digest(p[i].reshape(-1)) for p in parts) for i, x in enumerate(batch["input"])]
 
 
 def _rng_states() -> tuple:
@@ -276,7 +285,7 @@ def check_augmentation(cfg, dataset, num_workers: int) -> Check:
         seen = []  # the same key in two epochs must come out different
         for epoch in range(2):
             set_epoch(loader, epoch)
-            seen.append({k: _digest(x) for b in itertools.islice(loader, 8) for k, x in zip(b["key"], b["input"])})
+            seen.append({k: d for b in itertools.islice(loader, 8) for k, d in zip(b["key"], _sample_digests(b))})
         common = seen[0].keys() & seen[1].keys()
         same, total = sum(seen[0][k] == seen[1][k] for k in common), len(common)
     else:  # one sample, many times, through several workers and two epochs: every copy must differ
@@ -284,7 +293,7 @@ def check_augmentation(cfg, dataset, num_workers: int) -> Check:
         digests = []
         for epoch in range(2):
             set_epoch(loader, epoch)
-            digests += [_digest(x) for b in loader for x in b["input"]]
+            digests += [d for b in loader for d in _sample_digests(b)]
         total, same = len(digests), len(digests) - len(set(digests))
         if isinstance(dataset, Source):  # and the source's own seeding: new numbers each epoch
             same, total = (a + b for a, b in zip((same, total), _same_over_epochs(dataset)))

@@ -234,6 +234,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     wait = DataWait(carried.get("wait_s", 0.0))
     for batch in even_batches(wait.timed(batches(loader, "train")), todo):
         if batch is not None:
+            batch = run.task.on_device(batch, device)  # e.g. JPEGs decoded there: a bad one joins batch["bad"]
             run.budget.update(batch["bad"])
         progress.batch += 1
         bar.update()
