@@ -15,9 +15,11 @@
    chosen by measuring the epoch switch and the host-to-device copy. The choice goes to
    ``configs/tuned.yaml`` with the fingerprint of this data and machine.
 3. The stall: the model's training step (build_model, task.py's loss) on a real batch, on the
-   training device, against the loader's time per batch: how much of a step would wait for data.
+   training device, against the loader's time per batch: how much of a step would wait for data;
+   and the capacity verdict: the loader CPUs each training process needs for a stall under 5%.
    With ``data.cache`` set, the source at ``data.root`` is timed at the chosen setting too:
-   the cache's speed-up over it.
+   the cache's speed-up over it. On a GPU, an image project's paths (crop and decode in the
+   workers or on the device, bench_paths.py) are timed with the model's step, the fastest named.
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
    memory growth, repeated augmentations (whatever task.py's train transform does), a
    collate that cannot batch.
@@ -371,6 +373,12 @@ def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, b
         report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
+    if not quick and torch.cuda.is_available() and project.NUM_GPUS > 0 and hasattr(cfg.data, "augment_on"):
+        from .bench_paths import describe, measure_paths  # image projects: where to crop and decode
+        from .model import build_model
+
+        rows = measure_paths(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches)
+        report["paths"] = {"rows": rows, "lines": describe(rows)}
     if not quick:
         report["stall"] = stall(cfg, dataset, task, chosen["samples_per_s"])
         cpus, processes = dist.usable_cpus(), dist.processes_per_node()

@@ -52,6 +52,7 @@ def summary(report: dict) -> str:
             f"capacity: the model consumes {c['model_samples_per_s']:.0f} samples/s per process, one loader worker "
             f"delivers {c['worker_samples_per_s']:.0f}: {c['verdict']}"
         )
+    lines += report.get("paths", {}).get("lines", [])  # an image project's paths, timed on a GPU
     for check in report.get("checks", []):
         line = f"{check['status']:4}  {check['name']}: {check['value']}"
         lines.append(line + (f"\n      {check['advice']}" if check["advice"] else ""))
