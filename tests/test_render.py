@@ -162,6 +162,42 @@ def test_gpu_smoke_script_only_with_gpus(project: Rendered) -> None:
     assert syntax.returncode == 0, f"scripts/gpu_smoke.sh is not valid bash:\n{syntax.stderr}"
 
 
+def test_the_gpu_smokes_throughput_script_runs_on_the_cpu(project: Rendered, tmp_path: Path) -> None:
+    """scripts/gpu_smoke.sh's throughput measurement (every path, resnet18, the capacity verdict), tiny, on
+    the CPU: the script a GPU machine runs must not rot where no GPU is."""
+    answers = project.answers
+    if answers["num_gpus"] == 0 or answers["data_format"] != "image" or answers["data_source"] != "folder":
+        pytest.skip("the script renders for GPU answers; its Python is the same for every source: one image project")
+    text = (project.path / "scripts" / "gpu_smoke.sh").read_text(encoding="utf-8")
+    script = re.search(r"^cat > \"\$out/throughput\.py\" <<'PY'[^\n]*\n(.*?)^PY$", text, re.MULTILINE | re.DOTALL)
+    assert script, "gpu_smoke.sh writes no throughput.py"
+    (tmp_path / "throughput.py").write_text(script[1], encoding="utf-8")
+    tiny = [
+        "--images",
+        "60",
+        "--workers",
+        "1",
+        "--batch-size",
+        "4",
+        "--batches",
+        "2",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    result = run(
+        [sys.executable, str(tmp_path / "throughput.py"), str(tmp_path / "out"), *tiny],
+        project.path,
+        env=project_env(project.path),
+        timeout=600,
+    )
+    assert result.returncode == 0, tail(result.stdout)
+    rows = [line.split()[:2] for line in result.stdout.splitlines() if re.match(r"(source|cache) ", line)]
+    assert rows == [["source", "workers"], ["cache", "workers"], ["cache", "device"], ["source", "device"]], rows
+    assert "resnet18 consumes" in result.stdout and "loader CPU" in result.stdout, tail(result.stdout)
+
+
 def test_slurm_script_only_for_several_nodes(project: Rendered) -> None:
     script = project.path / "scripts" / "slurm.sbatch"
     if project.answers["num_nodes"] == 1:
