@@ -42,8 +42,9 @@ CHANGES = [
     ),
     (
         "src/users_project/task.py",
-        "    return v2.Compose([crop, v2.RandomHorizontalFlip()])\n",
-        "    return v2.Compose([crop, v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4)])\n",
+        "        return RandomResizedCropFlip(size, self.crop_scale, self.crop_ratio)\n",
+        "        crop = RandomResizedCropFlip(size, self.crop_scale, self.crop_ratio)\n"
+        "        return v2.Compose([crop, v2.ColorJitter(0.4, 0.4, 0.4)])\n",
     ),
     (  # their run settings
         "configs/default.yaml",
