@@ -6,14 +6,18 @@ Renders an image project per source (folder, shards, stream/sqlite) from this ch
 (uncommitted changes included, as copier does for a dirty local template), then on the same
 data measures, at 224 px crops from 400-600 px JPEG photos (photos.py):
 
-    the rendered folder loader, its cache loader (``pack --to cache``, ``data.cache=``),
+    the rendered folder loader, its cache loader (``pack --to cache``, ``data.cache=``), both
+    also with torchvision's crop in place of the task's (as before crops.RandomResizedCropFlip),
+    the cache with the crop on the device and the folder with the JPEG decode there too
+    (``data.augment_on=device``, ``data.decode_on=device``; the device is this CPU here),
     the rendered shards loader on local shards and over loopback HTTP (``python -m http.server``),
     torchvision ``ImageFolder`` + DataLoader with the same crop and flip (two decoders),
     a plain ``webdataset.WebDataset`` pipeline, and the limit of each rendered source: one
     process's per-sample work (read, decode, crop, flip) x usable cores;
 
 at 64 px on each project's own ``sample-data``: folder, stream/sqlite, shards, plain WebDataset;
-and full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop. Every loader has
+full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop; and the workers' crop
+against torchvision's on the same boxes (PSNR against a Lanczos-3 resize, 100 photos). Every loader has
 the same num_workers, prefetch_factor 2, persistent workers and batch size. Each measurement is
 its own process (probe.py); a round runs every row once, the rounds start at a different row,
 and the report gives each row's median and each ratio's median over the rounds' side-by-side
@@ -163,6 +167,7 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
         if why := command(projects[source], argv, work):
             failed[str(out)] = f"`sample-data` of the {source} project fails: {why}"
     data["large"] = [str(p) for p in photos.write_large(work / "large", args.large)]
+    data["quality"] = [str(p) for p in sorted(Path(data["photos"], "train").glob("*/*.jpg"))[: args.quality_photos]]
     print(f"data ready in {time.perf_counter() - t0:.0f} s", flush=True)
     return projects, data
 
@@ -173,6 +178,8 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
     photo_root, shards_root = str(data["photos"]), str(data["shards224"])
     folder = [f"data.root={photo_root}", "data.image_size=224"]
     cache = [*folder, f"data.cache={data['cache224']}"]
+    device_cache = [*cache, "data.augment_on=device"]
+    device_decode = [*folder, "data.augment_on=device", "data.decode_on=device"]
     shards = [f"data.root={shards_root}", "data.image_size=224"]
     remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
 
@@ -192,6 +199,10 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
     rows = [
         loader("folder (rendered)", "224", "folder", folder, memory=True),
         loader("cache (rendered)", "224", "folder", cache, memory=True),
+        loader("cache, torchvision's crop (before)", "224", "folder", cache, torchvision_crop=True),
+        loader("folder, torchvision's crop (before)", "224", "folder", folder, torchvision_crop=True),
+        loader("cache, crop on the device (the CPU here)", "224", "folder", device_cache, to_device=True, memory=True),
+        loader("folder, crop and decode on the device (the CPU here)", "224", "folder", device_decode, to_device=True),
         loader("shards, local (rendered)", "224", "shards", shards),
         loader(
             "shards, loopback HTTP (rendered)", "224", "shards", remote, extra_pids=[server[0].pid], needs=shards_root
@@ -201,6 +212,12 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
         plain("plain webdataset.WebDataset", "webdataset", shards_root, 224),
         Row("folder limit", "limit", {"kind": "limit", "overrides": folder, **common}, "folder"),
         Row("cache limit", "limit", {"kind": "limit", "overrides": cache, **common}, "folder"),
+        Row(
+            "cache limit, torchvision's crop (before)",
+            "limit",
+            {"kind": "limit", "overrides": cache, "torchvision_crop": True, **common},
+            "folder",
+        ),
         Row("shards limit", "limit", {"kind": "limit", "overrides": shards, **common}, "shards"),
         loader("folder (rendered)", "64", "folder", small("folder")),
         loader("stream/sqlite (rendered)", "64", "stream", small("stream")),
@@ -209,6 +226,12 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
         decode("full decode (decode_image) + crop", "full"),
         decode("the task's train decode (reduced scale) + crop", "task"),
         decode("reduced-scale decode to >= 256 px + crop", "task", min_side=256),
+        Row(
+            "the workers' crop: RandomResizedCropFlip against torchvision's",
+            "quality",
+            {"kind": "crop_quality", "files": data["quality"], "size": 224, "boxes": args.quality_boxes, "once": True},
+            "folder",
+        ),
     ]
     for row in rows:
         spec = json.dumps(row.spec)
@@ -241,6 +264,8 @@ def measure(rows: list[Row], projects: dict, work: Path, rounds: int) -> None:
     for k in range(rounds if active else 0):
         t0 = time.perf_counter()
         for row in active[k % len(active) :] + active[: k % len(active)]:
+            if row.spec.get("once") and any(row.runs):  # a measurement that does not drift with the load
+                continue
             try:
                 result = run_probe(row, projects, work)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -268,6 +293,8 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=16, help="train shards the photos are packed into")
     p.add_argument("--small-per-class", type=int, default=500, help="64 px sample-data per class (4 classes)")
     p.add_argument("--large", type=int, default=6, help="3000 x 2250 JPEGs for the decode rows")
+    p.add_argument("--quality-photos", type=int, default=100, help="photos the crop's quality is measured on")
+    p.add_argument("--quality-boxes", type=int, default=10, help="crop boxes per photo and stored size")
     p.add_argument("--work", default=None, help="keep the projects and data here (default: a temporary folder)")
     args = p.parse_args()
     start = time.perf_counter()

@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import psutil
 import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F_v2
 
 WARMUP = 3  # batches (or 20 samples for single-process kinds) before the clock starts
 MIN_BATCHES = 8
@@ -155,17 +158,36 @@ def loader_settings(spec: dict) -> list[str]:
     ]
 
 
+def torchvision_crop() -> None:
+    """The rendered task's train transform as it was before crops.RandomResizedCropFlip: torchvision's pair."""
+    from bench_project.task import Task
+
+    def train_transform(self, size: int) -> v2.Transform:
+        crop = v2.RandomResizedCrop(size, scale=self.crop_scale, ratio=self.crop_ratio, antialias=True)
+        return v2.Compose([crop, v2.RandomHorizontalFlip()])
+
+    Task.train_transform = train_transform  # the task's transform is built here, and pickled to the workers
+
+
 def probe_loader(spec: dict) -> dict:
+    """The rendered loader's samples/s; with ``to_device``, each batch also finished as the training
+    process does it (``on_device``, ``to_device``: the crop of ``data.augment_on=device``) on the CPU."""
     from bench_project.config import load_config
     from bench_project.data import build_dataset, build_loader, set_epoch
 
+    if spec.get("torchvision_crop"):
+        torchvision_crop()
     cfg = load_config(None, [*spec["overrides"], *loader_settings(spec)])
     dataset = build_dataset(cfg, "train")
     loader = build_loader(dataset, cfg, "train")
+    cpu = torch.device("cpu")
 
     def batches(epoch: int) -> Iterator[int]:
         set_epoch(loader, epoch)
         for batch in loader:
+            if spec.get("to_device"):
+                batch = dataset.task.on_device(batch, cpu)
+                dataset.task.to_device(batch, cpu)
             if batch.get("bad"):  # a benchmark of failing samples would be meaningless
                 raise RuntimeError(f"{len(batch['bad'])} bad samples in a batch, e.g. {batch['bad'][0]}")
             yield len(batch["key"])
@@ -244,6 +266,8 @@ def probe_limit(spec: dict) -> dict:
     from bench_project.data import build_dataset
 
     torch.set_num_threads(1)  # as in a DataLoader worker
+    if spec.get("torchvision_crop"):
+        torchvision_crop()
     cfg = load_config(None, [*spec["overrides"], *loader_settings(spec)])
     dataset = build_dataset(cfg, "train")
     if isinstance(dataset, torch.utils.data.IterableDataset):
@@ -303,6 +327,85 @@ def probe_decode(spec: dict) -> dict:
     return {**result, "decoded": list(decode(files[0]).shape), "bits_per_pixel": bits_per_pixel}
 
 
+def lanczos(n_in: int, n_out: int) -> np.ndarray:
+    """``(n_out, n_in)`` float64 weights of a Lanczos-3 resize (antialiased: the kernel widens as it shrinks)."""
+    scale = n_in / n_out
+    width = max(scale, 1.0)
+    weights = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        centre = (i + 0.5) * scale
+        j = np.arange(max(int(centre - 3 * width + 0.5), 0), min(int(centre + 3 * width + 0.5), n_in))
+        x = (j - centre + 0.5) / width
+        w = np.where(np.abs(x) < 3, np.sinc(x) * np.sinc(x / 3), 0.0)
+        weights[i, j] = w / w.sum()
+    return weights
+
+
+def psnr(out: np.ndarray, reference: np.ndarray) -> float:
+    return 10 * math.log10(255.0**2 / max(np.mean((out.astype(np.float64) - reference) ** 2), 1e-12))
+
+
+def probe_crop_quality(spec: dict) -> dict:
+    """The train crop's quality and cost: crops.RandomResizedCropFlip's resize against torchvision's antialiased
+    one, each box the same, PSNR against a float64 Lanczos-3 resize of that box, on photos stored as the cache
+    stores them (shorter side 8/7 of the crop) and decoded as the folder loader decodes them (task.min_side)."""
+    from bench_project.config import load_config
+    from bench_project.crops import MAX_SHRINK, RandomResizedCropFlip
+    from bench_project.sample_format import default_min_side
+    from bench_project.task import Task
+
+    torch.set_num_threads(1)
+    size = spec["size"]
+    task = Task(load_config(None, [f"data.image_size={size}"]).data, "train")
+    ours = RandomResizedCropFlip(size, task.crop_scale, task.crop_ratio)
+    files = [open(p, "rb").read() for p in spec["files"]]  # noqa: SIM115 (read at once)
+    generator = torch.Generator().manual_seed(0)
+    out = {}
+    for name, side in (("cache", default_min_side(size)), ("folder decode", task.min_side)):
+        deltas, psnrs, crops = [], {"ours": [], "torchvision": []}, []
+        for data in files:
+            hwc = task.decode_for_cache(data, side)  # the shorter side at ``side``, HWC, as the cache stores it
+            for _ in range(spec["boxes"]):
+                torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+                box = ours.draw.make_params([hwc.permute(2, 0, 1)])
+                crops.append((hwc, box["top"], box["left"], box["height"], box["width"]))
+        for hwc, top, left, h, w in crops:
+            chw = hwc.permute(2, 0, 1)
+            crop = hwc[top : top + h, left : left + w].numpy().astype(np.float64)
+            rows = (lanczos(h, size) @ crop.reshape(h, w * 3)).reshape(size, w, 3)  # BLAS: separable
+            reference = (rows.transpose(0, 2, 1) @ lanczos(w, size).T).transpose(0, 2, 1)
+            a = ours.resize(chw, top, left, h, w, False)
+            b = F_v2.resized_crop(chw, top, left, h, w, [size, size], antialias=True)
+            p = {k: psnr(x.permute(1, 2, 0).numpy(), reference) for k, x in (("ours", a), ("torchvision", b))}
+            for k, v in p.items():
+                psnrs[k].append(v)
+            deltas.append(p["ours"] - p["torchvision"])
+        # timed apart from the reference (whose BLAS threads would still be spinning), passes alternating
+        crop_fns = {
+            "ours": lambda c: ours.resize(c[0].permute(2, 0, 1), *c[1:], False),
+            "torchvision": lambda c: F_v2.resized_crop(c[0].permute(2, 0, 1), *c[1:], [size, size], antialias=True),
+        }
+        passes = {k: [] for k in crop_fns}
+        for _ in range(3):
+            for k, fn in crop_fns.items():
+                start = time.perf_counter()
+                for c in crops:
+                    fn(c)
+                passes[k].append((time.perf_counter() - start) / len(crops))
+        out[name] = {
+            "stored_side": side,
+            "crops": len(deltas),
+            "psnr_ours": float(np.mean(psnrs["ours"])),
+            "psnr_torchvision": float(np.mean(psnrs["torchvision"])),
+            "delta_db": float(np.mean(deltas)),
+            "delta_db_worst": float(np.min(deltas)),
+            "us_ours": 1e6 * float(np.median(passes["ours"])),
+            "us_torchvision": 1e6 * float(np.median(passes["torchvision"])),
+            "resized_by_opencv": sum(max(c[3], c[4]) <= MAX_SHRINK * size for c in crops) / len(crops),
+        }
+    return {"samples_per_s": 0.0, "quality": out}
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     kinds = {
@@ -311,6 +414,7 @@ def main() -> None:
         "webdataset": probe_webdataset,
         "limit": probe_limit,
         "decode": probe_decode,
+        "crop_quality": probe_crop_quality,
     }
     print(json.dumps(kinds[spec["kind"]](spec)), flush=True)
     for child in psutil.Process().children(recursive=True):  # the loaders' workers: no slow teardown

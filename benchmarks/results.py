@@ -19,6 +19,7 @@ from pathlib import Path
 LIMITS = {
     "folder (rendered)": "folder limit",
     "cache (rendered)": "cache limit",
+    "cache, torchvision's crop (before)": "cache limit, torchvision's crop (before)",
     "shards, local (rendered)": "shards limit",
     "shards, loopback HTTP (rendered)": "shards limit",
 }
@@ -152,8 +153,27 @@ def _other_load(rows: list[dict]) -> dict | None:
     return {"median": statistics.median(other), "max": max(other)} if other else None
 
 
+def crop_quality(result: dict) -> dict | None:
+    """The crop's quality and cost by stored size (probe.py's crop_quality), if it was measured."""
+    row = next((r for r in result["rows"] if r["group"] == "quality"), None)
+    return next((r["quality"] for r in row["runs"] if r), None) if row else None
+
+
+def _crop_goal(result: dict) -> dict:
+    text = "the workers' crop within 0.5 dB of torchvision's (PSNR against Lanczos-3, 100 photos)"
+    quality = crop_quality(result)
+    if quality is None:
+        return {"goal": text, "value": None, "met": None, "note": "pending"}
+    worst = min(q["delta_db"] for q in quality.values())
+    note = "; ".join(
+        f"{name}: {q['delta_db']:+.2f} dB, {q['us_ours']:.0f} us a crop against {q['us_torchvision']:.0f}"
+        for name, q in quality.items()
+    )
+    return {"goal": text, "value": f"{worst:+.2f} dB", "met": worst >= -0.5, "note": note}
+
+
 def _goals(result: dict, by: dict, decode: list[dict]) -> list[dict]:
-    """Each goal of issue 10 with its measured value: met, not met, or pending (and why)."""
+    """Each goal of issues 10 and 18 with its measured value: met, not met, or pending (and why)."""
 
     def goal(text: str, row: dict, key: str, target: float, note: str = "") -> dict:
         value, per_cpu = row.get(key), row.get(key + "_cpu")
@@ -182,6 +202,7 @@ def _goals(result: dict, by: dict, decode: list[dict]) -> list[dict]:
         goal("shards >= 0.95x folder at 224 px", shards224, "x_folder", 0.95),
         goal("reduced-scale decode >= 3x full decode (3000 px JPEGs, 224 crop)", train, "x_full", 3, scale),
     ]
+    goals.append(_crop_goal(result))
     memory = result["memory"]
     text = f"cache workers' anonymous memory flat over an epoch (grows < {FLAT_MB} MB)"
     if memory is None:
