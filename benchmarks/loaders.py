@@ -128,9 +128,11 @@ def serve(directory: Path) -> tuple[subprocess.Popen, int]:
 
 
 def task_lacks(project: Path, method: str) -> bool:
-    """Whether the rendered image task has no method ``method`` (a part another change brings)."""
-    task = (project / "src" / PACKAGE / "task.py").read_text(encoding="utf-8")
-    return not re.search(rf"\n    def {method}\(", task)
+    """Whether the rendered image task has no method ``method`` (a part another change brings): in task.py, or
+    in sample_format.py, the format class it subclasses (since v0.3.0)."""
+    files = [project / "src" / PACKAGE / name for name in ("task.py", "sample_format.py")]
+    text = "".join(f.read_text(encoding="utf-8") for f in files if f.is_file())
+    return not re.search(rf"\n    def {method}\(", text)
 
 
 def prepare(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
