@@ -324,7 +324,9 @@ def check_collate(cfg, dataset) -> Check:
             "one tensor (variable lengths?): pass a collate_fn that pads to the longest sample and returns "
             "a mask.",
         )
-    return Check("collate", OK, f"batch input {tuple(batch['input'].shape)} {batch['input'].dtype}")
+    x = batch["input"]
+    shown = f"{tuple(x.shape)} {x.dtype}" if torch.is_tensor(x) else f"{len(x)} samples to finish on the device"
+    return Check("collate", OK, f"batch input {shown}")
 
 
 def run_checks(cfg, dataset, num_workers: int) -> list[Check]:

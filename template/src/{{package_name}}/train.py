@@ -222,7 +222,10 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         # Resumed from a checkpoint on the epoch's last step: the loader holds the position at the
         # epoch's end, which its next iterator would continue into (and end at once). This one does.
         next(iter(loader), None)
-    spare = functools.partial(spare_batch, loader.dataset, run.task)
+
+    def spare() -> dict:  # finished on the device as a loader's batch is (JPEGs decoded there)
+        return run.task.on_device(spare_batch(loader.dataset, run.task), device)
+
     bar = tqdm(
         total=planned,
         initial=progress.batch,

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import UserError
 from . import source_class
 from .marker import claim, mark
 from .source import Sample
@@ -48,6 +49,9 @@ def files_under(path: str | os.PathLike) -> set[str]:
 def write(cfg, out: str, per_class: int) -> int:
     """Write the sample data at ``out`` with ``data.source``'s ``write_samples``; returns the samples written."""
     cls = source_class(cfg.data.source)
+    if not cls.writes_samples():  # said before anything is touched
+        name = cfg.data.source
+        raise UserError(f"data.source={name}: {cls.__name__} defines no write_samples(), which sample-data needs")
     claim(out)
     before = files_under(out)
     written = list(synthetic_samples(cfg, per_class))

@@ -139,6 +139,11 @@ class Source(abc.ABC):
         )
 
     @classmethod
+    def writes_samples(cls) -> bool:
+        """Whether this source implements the sample-data protocol (:meth:`write_samples`)."""
+        return cls.write_samples.__func__ is not Source.write_samples.__func__
+
+    @classmethod
     def cacheable(cls) -> bool:
         """Whether ``pack --to cache`` can cache this source: it defines :meth:`identity` and :meth:`records`."""
         return cls.identity is not Source.identity and cls.records is not Source.records
