@@ -84,7 +84,7 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
         start = last = time.perf_counter()
         got = 0
         for batch in loader:
-            if sink is not None:  # the input: a batch, or (JPEGs decoded on the device) a list of samples
+            if sink is not None:  # the input: a batch, or a list of samples the device finishes
                 inputs = batch["input"] if isinstance(batch["input"], list) else [batch["input"]]
                 for x in inputs:
                     sink += x.to(device, non_blocking=True).float().mean()

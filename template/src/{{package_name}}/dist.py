@@ -27,6 +27,7 @@ _cpu_group = None  # a gloo group for small host-side agreements (the default gr
 _store = None  # the job's key-value store (torchrun's), this attempt's keys only
 _timeout_s = 0
 ROLL_CALL_S = 10.0  # after a collective failed, how long a rank waits for the others to answer
+COLLECTIVE_ERRORS = ("gloo", "pair closure")  # what a failed collective's RuntimeError says of itself
 
 
 class RanksLost(Stalled):
@@ -184,7 +185,10 @@ def name_lost_ranks() -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        if not is_distributed() or _store is None or not (isinstance(e, torch_dist.DistError) or "gloo" in str(e)):
+        # gloo says "gloo" in most of its errors, not in all (a pair closed on its timeout); the roll call
+        # below decides: with every rank answering, the error passes through unchanged
+        collective = isinstance(e, torch_dist.DistError) or any(s in str(e) for s in COLLECTIVE_ERRORS)
+        if not is_distributed() or _store is None or not collective:
             raise
         lost = _roll_call()
         if not lost:

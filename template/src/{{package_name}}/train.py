@@ -223,7 +223,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         # epoch's end, which its next iterator would continue into (and end at once). This one does.
         next(iter(loader), None)
 
-    def spare() -> dict:  # finished on the device as a loader's batch is (JPEGs decoded there)
+    def spare() -> dict:  # finished on the device as a batch of the loader is (on_device)
         return run.task.on_device(spare_batch(loader.dataset, run.task), device)
 
     bar = tqdm(
@@ -237,7 +237,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     wait = DataWait(carried.get("wait_s", 0.0))
     for batch in even_batches(wait.timed(batches(loader, "train")), todo):
         if batch is not None:
-            batch = run.task.on_device(batch, device)  # e.g. JPEGs decoded there: a bad one joins batch["bad"]
+            batch = run.task.on_device(batch, device)  # what the format finishes there: a bad sample joins batch["bad"]
             run.budget.update(batch["bad"])
         progress.batch += 1
         bar.update()
