@@ -448,7 +448,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       resume tests do in one process for every source and format: it runs on the folder, shards
       and SQLite image projects (the HTTP source resumes as SQLite's: iterable.py).
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
-      methods) depend on neither: they run in the folder image project only.
+      methods, the image crops' own behaviour) depend on neither: they run in the folder image
+      project only.
     - The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
       train on the CPU): what those numbers change, the launcher and the config, does not depend
       on the source or the format: it is tested on the folder image project, with the Slurm
