@@ -62,7 +62,7 @@ class Row:
     """One line of the report: what runs (``spec`` for probe.py) and, per round, what it measured."""
 
     name: str
-    group: str  # "224": loaders at 224 px, "limit": their limits, "64": loaders at 64 px, "decode"
+    group: str  # "224", "64": loaders at that size; "limit": their limits; "decode", "quality", "handoff"
     spec: dict
     project: str | None = None  # the rendered project on PYTHONPATH (None: plain torchvision/webdataset)
     pending: str = ""  # why it cannot run yet (reported, not run)
@@ -233,6 +233,12 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
             "quality",
             {"kind": "crop_quality", "files": data["quality"], "size": 224, "boxes": args.quality_boxes, "once": True},
             "folder",
+        ),
+        Row(
+            "a worker's hand-off: a batch of 224 px crops into shared memory",
+            "handoff",
+            {"kind": "handoff", "batch_size": args.batch_size, "size": 224, "once": True},
+            None,
         ),
     ]
     for row in rows:

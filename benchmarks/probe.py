@@ -9,6 +9,9 @@
     webdataset   a plain ``webdataset.WebDataset`` pipeline with the same crop and flip
     limit        one process's per-sample work on the project's source, no DataLoader
     decode       one 3000 x 2250 JPEG to a 224 crop: full decode, or the reduced-scale one
+    crop_quality the workers' crop against torchvision's: PSNR against Lanczos-3, and its cost
+    handoff      stacking a batch of crops as a loader worker does (into new shared memory), and into
+                 ordinary memory
 
 A loader is timed like the training loop minus the model: after ``WARMUP`` batches (the workers
 have started), samples over wall time until ``seconds`` have passed, across epoch ends. Over the
@@ -406,6 +409,38 @@ def probe_crop_quality(spec: dict) -> dict:
     return {"samples_per_s": 0.0, "quality": out}
 
 
+def probe_handoff(spec: dict) -> dict:
+    """The cost of a worker's hand-off of a batch: ``default_collate`` of ``batch`` crops (HWC uint8, as the
+    workers' crop gives them) into a new shared-memory block, as it runs in a loader worker (the batch is
+    sent to the training process as that block), against ``torch.stack`` into ordinary memory."""
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    n, size = spec["batch_size"], spec["size"]
+    crops = [torch.randint(0, 256, (size, size, 3), dtype=torch.uint8) for _ in range(n)]
+    numel = n * size * size * 3
+
+    def shared() -> torch.Tensor:  # what default_collate does in a worker (torch/utils/data/_utils/collate.py)
+        out = crops[0].new(crops[0]._typed_storage()._new_shared(numel, device="cpu")).resize_(n, size, size, 3)
+        return torch.stack(crops, out=out)
+
+    def shared_block_alone() -> torch.Tensor:  # the new block, its pages not yet touched
+        return crops[0].new(crops[0]._typed_storage()._new_shared(numel, device="cpu"))
+
+    ways = {"shared": shared, "shared_block_alone": shared_block_alone, "heap": lambda: torch.stack(crops)}
+    passes: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(5):  # alternating passes, 40 batches each; the best pass of each
+        for k, fn in ways.items():
+            fn()
+            start = time.perf_counter()
+            for _ in range(40):
+                fn()
+            passes[k].append((time.perf_counter() - start) / 40)
+    ms = {k: 1e3 * min(v) for k, v in passes.items()}
+    return {
+        "samples_per_s": 0.0,
+        "handoff": {"batch": n, "size": size, "ms": ms, "us_a_sample": 1e3 * ms["shared"] / n},
+    }
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     kinds = {
@@ -415,6 +450,7 @@ def main() -> None:
         "limit": probe_limit,
         "decode": probe_decode,
         "crop_quality": probe_crop_quality,
+        "handoff": probe_handoff,
     }
     print(json.dumps(kinds[spec["kind"]](spec)), flush=True)
     for child in psutil.Process().children(recursive=True):  # the loaders' workers: no slow teardown

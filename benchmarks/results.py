@@ -159,6 +159,12 @@ def crop_quality(result: dict) -> dict | None:
     return next((r["quality"] for r in row["runs"] if r), None) if row else None
 
 
+def handoff(result: dict) -> dict | None:
+    """A worker's hand-off of a batch (probe.py's handoff), if it was measured."""
+    row = next((r for r in result["rows"] if r["group"] == "handoff"), None)
+    return next((r["handoff"] for r in row["runs"] if r), None) if row else None
+
+
 def _crop_goal(result: dict) -> dict:
     text = "the workers' crop within 0.5 dB of torchvision's (PSNR against Lanczos-3, 100 photos)"
     quality = crop_quality(result)
