@@ -63,7 +63,8 @@ class DataConfig(SourceKeys, FormatConfig, SourceConfig):
         FormatConfig.__post_init__(self)
         SourceKeys.__post_init__(self)
         names = data.registry()
-        require("data.source", self.source, self.source in names, f"one of: {', '.join(names)} (yours: sources.py)")
+        expected = f"one of: {', '.join(names)}; name a source of yours in sources.py"
+        require("data.source", self.source, self.source in names, expected)
         require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
 
 
