@@ -418,12 +418,11 @@ def probe_handoff(spec: dict) -> dict:
     crops = [torch.randint(0, 256, (size, size, 3), dtype=torch.uint8) for _ in range(n)]
     numel = n * size * size * 3
 
-    def shared() -> torch.Tensor:  # what default_collate does in a worker (torch/utils/data/_utils/collate.py)
-        out = crops[0].new(crops[0]._typed_storage()._new_shared(numel, device="cpu")).resize_(n, size, size, 3)
-        return torch.stack(crops, out=out)
-
     def shared_block_alone() -> torch.Tensor:  # the new block, its pages not yet touched
         return crops[0].new(crops[0]._typed_storage()._new_shared(numel, device="cpu"))
+
+    def shared() -> torch.Tensor:  # what default_collate does in a worker (torch/utils/data/_utils/collate.py)
+        return torch.stack(crops, out=shared_block_alone().resize_(n, size, size, 3))
 
     ways = {"shared": shared, "shared_block_alone": shared_block_alone, "heap": lambda: torch.stack(crops)}
     passes: dict[str, list[float]] = {k: [] for k in ways}
