@@ -16,6 +16,7 @@ A mistake a user can fix (a bad key, a missing file, an unreadable checkpoint) p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 
@@ -41,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
     b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
+    if importlib.util.find_spec(f"{__package__}.bench_paths"):  # samples with places to be cropped and decoded
+        b.add_argument(
+            "--paths", action="store_true", help="time where samples are cropped and decoded (also without a GPU)"
+        )
     _common(b)
     c = sub.add_parser("config", help="print every config key: its value in this run and what it means")
     c.add_argument("--markdown", action="store_true", help="as a Markdown table (default: commented YAML)")
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int | None:
     from .config import load_config
-    from .data import build_dataset, commands
+    from .data import commands
 
     cfg = load_config(args.config, args.overrides)  # every key checked before any work
     if args.command in (brought := commands()):
@@ -103,12 +108,10 @@ def run(args: argparse.Namespace) -> int | None:
 
         print(as_markdown(cfg) if args.markdown else as_yaml(cfg), end="")
     if args.command == "bench":
-        from .bench import run_bench
+        from .bench import bench_command
         from .report import summary, table
-        from .task import Task
 
-        task = Task(cfg.data, "train")  # the dataset's transforms, and the loss of the stall's model step
-        report = run_bench(cfg, build_dataset(cfg, "train", task), task, quick=args.quick, budget_s=args.budget_s)
+        report = bench_command(cfg, quick=args.quick, budget_s=args.budget_s, time_paths=getattr(args, "paths", False))
         if dist.is_main_process():
             print(table(report))
             print(summary(report))

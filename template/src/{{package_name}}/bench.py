@@ -18,8 +18,10 @@
    training device, against the loader's time per batch: how much of a step would wait for data;
    and the capacity verdict: the loader CPUs each training process needs for a stall under 5%.
    With ``data.cache`` set, the source at ``data.root`` is timed at the chosen setting too:
-   the cache's speed-up over it. On a GPU, an image project's paths (crop and decode in the
-   workers or on the device, bench_paths.py) are timed with the model's step, the fastest named.
+   the cache's speed-up over it. On a GPU (or with ``--paths``), an image project's paths (crop
+   and decode in the workers or on the device, bench_paths.py) are timed first, with the model's
+   step: the fastest is chosen for ``data.augment_on``/``decode_on`` left at ``auto``, and the
+   loader is swept on it (the tuned entry is marked ``chosen``; `train` reads it so).
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
    memory growth, repeated augmentations (whatever task.py's train transform does), a
    collate that cannot batch.
@@ -30,6 +32,7 @@ Reports: ``<run_dir>/bench/bench.{json,md,png}``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import statistics
@@ -48,7 +51,7 @@ from .data import build_loader
 from .data.cache import CacheSource
 from .data.loader import resolve_settings, set_epoch, worker_processes
 from .data.source import Source
-from .data.tuned import fingerprint, write_tuned
+from .data.tuned import fingerprint, with_bench_choice, write_tuned
 from .report import write_reports
 
 log = logging.getLogger(__name__)
@@ -321,10 +324,53 @@ def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
     }
 
 
-def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, batches: int | None = None) -> dict:
+def bench_command(
+    cfg, quick: bool = False, budget_s: float = 60.0, time_paths: bool = False, batches: int | None = None
+) -> dict:
+    """`bench`: where the format has places to transform a sample (an image's crop and decode: in the
+    workers or on the device, bench_paths.py), time each with the model's step (on a GPU, or anywhere
+    with ``time_paths``) and choose the fastest for the ``data`` keys left at ``auto``; without timing
+    them, those keys take bench's earlier choice. Then :func:`run_bench` on the train split so read."""
+    from .data import build_dataset
+    from .task import Task
+
+    given, paths, chosen = cfg, None, {}
+    task = Task(cfg.data, "train")
+    dataset = build_dataset(cfg, "train", task)
+    gpu = torch.cuda.is_available() and project.NUM_GPUS > 0
+    if not quick and (gpu or time_paths) and hasattr(cfg.data, "augment_on"):
+        from .bench_paths import describe, fastest, measure_paths  # image projects: where to crop and decode
+        from .model import build_model
+
+        rows = measure_paths(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
+        chosen = fastest(rows, cfg)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **chosen))
+        paths = {"rows": rows, "lines": describe(rows, chosen)}
+    else:
+        cfg = with_bench_choice(cfg, dataset)
+    if cfg.data != given.data:  # the loader is swept, and the checks run, as training will read
+        task = Task(cfg.data, "train")
+        dataset = build_dataset(cfg, "train", task)
+    return run_bench(
+        cfg, dataset, task, quick=quick, budget_s=budget_s, batches=batches, paths=paths, chosen_keys=list(chosen)
+    )
+
+
+def run_bench(
+    cfg,
+    dataset,
+    task,
+    quick: bool = False,
+    budget_s: float = 60.0,
+    batches: int | None = None,
+    paths: dict | None = None,
+    chosen_keys: list[str] | None = None,
+) -> dict:
     """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports.
 
     ``dataset`` is the train split read with ``task``, whose loss the stall's model step computes.
+    ``paths``: the places timed (:func:`bench_command`); ``chosen_keys``: the ``data`` keys their timing
+    chose (the tuned entry is marked so, data/tuned.py).
     """
     batches = batches or (6 if quick else 30)
     base = resolve_settings(cfg, dataset)
@@ -373,12 +419,8 @@ def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, b
         report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
-    if not quick and torch.cuda.is_available() and project.NUM_GPUS > 0 and hasattr(cfg.data, "augment_on"):
-        from .bench_paths import describe, measure_paths  # image projects: where to crop and decode
-        from .model import build_model
-
-        rows = measure_paths(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches)
-        report["paths"] = {"rows": rows, "lines": describe(rows)}
+    if paths is not None:
+        report["paths"] = paths
     if not quick:
         report["stall"] = stall(cfg, dataset, task, chosen["samples_per_s"])
         cpus, processes = dist.usable_cpus(), dist.processes_per_node()
@@ -391,7 +433,7 @@ def run_bench(cfg, dataset, task, quick: bool = False, budget_s: float = 60.0, b
     report["chosen"] = tuned
     if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
         if cfg.loader.tuned:
-            write_tuned(cfg.loader.tuned, report["fingerprint"], tuned)
+            write_tuned(cfg.loader.tuned, report["fingerprint"], tuned, chosen=chosen_keys)
         write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
 

@@ -37,7 +37,7 @@ from .compute import Compute, make_optimizer, setup_compute, train_step
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
 from .data.loader import batches, even_batches
-from .data.tuned import with_tuned
+from .data.tuned import with_bench_choice, with_tuned
 from .errors import UserError
 from .loggers import Loggers, make_loggers
 from .model import build_model
@@ -75,9 +75,16 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     # The task (task.py) is the objective the loop trains (its loss and metric) and what reads the
     # training samples (its transforms); validation reads with its own, its eval transforms.
     task = Task(cfg.data, "train")
-    train_set, val_set = build_dataset(cfg, "train", task), build_dataset(cfg, "val")
-    ensure_tuned(cfg, train_set, task)
+    train_set = build_dataset(cfg, "train", task)
     saved = find_checkpoint(cfg, run_dir)
+    # data keys left at auto (where a sample is transformed): bench's choice, or the resumed run's;
+    # rank 0's for all (every rank must transform alike)
+    chosen = dist.broadcast_from_main(with_bench_choice(cfg, train_set, saved) if dist.is_main_process() else None)
+    if chosen.data != cfg.data:  # the run, its checkpoints included, holds the values chosen
+        cfg, task = chosen, Task(chosen.data, "train")
+        train_set = build_dataset(cfg, "train", task)
+    val_set = build_dataset(cfg, "val")
+    ensure_tuned(cfg, train_set, task)
     # The loaders' settings, resolved once before any loader is built: a mid-epoch checkpoint's
     # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto
     # (each split's own entry: validation's data is another). The run keeps the config as given.

@@ -4,6 +4,10 @@
 
 Loader keys left at ``auto`` take the tuned value while the fingerprint of the data and the
 machine still matches; `train` re-runs a quick bench when none does.
+
+``data`` keys left at ``auto`` (where a sample is transformed: :func:`with_bench_choice`) take the
+values of the entry `bench` marked ``chosen``: it timed each value on this data and machine, kept
+the fastest, and tuned the loader for it, so that entry's fingerprint holds the chosen values.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import yaml
 from .. import dist
 from .source import Source, data_settings
 
+AUTO = "auto"
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +65,51 @@ def with_tuned(cfg, dataset):
     return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, **chosen)) if chosen else cfg
 
 
+def auto_data_keys(cfg) -> list[str]:
+    """The ``data`` keys left at ``auto``: bench's choice sets them (:func:`with_bench_choice`)."""
+    return [k for k, v in data_settings(cfg).items() if v == AUTO]
+
+
+def with_bench_choice(cfg, dataset, saved: dict | None = None):
+    """``cfg`` with each ``data`` key left at ``auto`` set as `bench` chose it for this data and machine.
+
+    A resumed run (``saved``: its checkpoint) keeps the values it began with, ``auto`` included (its
+    crops are then the ones the checkpoint's run would have drawn); else the ``chosen`` entry whose
+    fingerprint matches but for these keys gives them; else they stay ``auto`` (the format reads it
+    as its default). Called before the train split's dataset that trains is built: ``dataset``
+    only gives the source's fingerprint.
+    """
+    keys = auto_data_keys(cfg)
+    if not keys:
+        return cfg
+    if saved is not None:
+        was = (saved.get("config") or {}).get("data") or {}
+        chosen, why = {k: was[k] for k in keys if k in was}, f"as {saved.get('path', 'the checkpoint')} began"
+    else:
+        chosen, why = bench_choice(cfg, dataset, keys), f"bench's choice for this data and machine ({cfg.loader.tuned})"
+    chosen = {k: v for k, v in chosen.items() if v != AUTO}
+    if not chosen:
+        return cfg
+    log.info("%s: %s", " ".join(f"data.{k}={v}" for k, v in chosen.items()), why)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **chosen))
+
+
+def bench_choice(cfg, dataset, keys: list[str]) -> dict:
+    """The values of ``keys`` in the ``chosen`` entry for this data and machine ({} when bench chose none)."""
+    ours = _leave_out(fingerprint(cfg, dataset), keys)
+    for entry in _tuned_entries(cfg.loader.tuned):
+        theirs = entry.get("fingerprint")
+        if entry.get("chosen") and isinstance(theirs, dict) and _leave_out(theirs, keys) == ours:
+            return {k: theirs["data"][k] for k in keys if k in theirs["data"]}
+    return {}
+
+
+def _leave_out(fp: dict, keys: list[str]) -> dict:
+    """A fingerprint without the ``data`` keys ``keys``: entries that differ only there are one set-up."""
+    data = fp.get("data")
+    return fp | {"data": {k: v for k, v in data.items() if k not in keys} if isinstance(data, dict) else data}
+
+
 def _tuned_entries(path: str) -> list[dict]:
     """The entries of the tuned file; an unreadable one counts as none (`bench` then rewrites it)."""
     if not path or not Path(path).is_file():
@@ -75,16 +125,32 @@ def _tuned_entries(path: str) -> list[dict]:
     return []
 
 
-def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8) -> None:
+def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8, chosen: list[str] | None = None) -> None:
     """Record ``settings`` for fingerprint ``fp``, keeping the entries of other set-ups.
 
     One file serves e.g. a 1-process and a 2-process run on the same data side by side.
+    ``chosen``: the ``data`` keys whose values in ``fp`` bench chose by timing each; the entry is
+    marked ``chosen`` (and any other entry of this set-up with other values of them no longer is).
+    An entry rewritten without ``chosen`` (a later sweep at the chosen values) stays marked.
     """
-    entries = [e for e in _tuned_entries(path) if e.get("fingerprint") != fp]
-    entries = [{"fingerprint": fp, "loader": settings}, *entries][:keep]
+    entries = _tuned_entries(path)
+    was = next((e for e in entries if e.get("fingerprint") == fp), {})
+    entry = {"fingerprint": fp, "loader": settings}
+    if chosen:
+        entry["chosen"] = True
+        mine = _leave_out(fp, chosen)
+        for other in entries:
+            if isinstance(other.get("fingerprint"), dict) and _leave_out(other["fingerprint"], chosen) == mine:
+                other.pop("chosen", None)
+    elif was.get("chosen"):
+        entry["chosen"] = True
+    entries = [entry, *(e for e in entries if e.get("fingerprint") != fp)][:keep]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Written by `bench`: loader settings for keys left at `auto`, per data/machine fingerprint.\n"
+    header = (
+        "# Written by `bench`: loader settings for keys left at `auto`, per data/machine fingerprint;\n"
+        "# `chosen`: bench timed the data keys left at `auto` and chose this entry's values of them.\n"
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(header + yaml.safe_dump({"entries": entries}, sort_keys=False), encoding="utf-8")
     tmp.replace(path)
