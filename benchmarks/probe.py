@@ -412,7 +412,8 @@ def probe_crop_quality(spec: dict) -> dict:
 def probe_handoff(spec: dict) -> dict:
     """The cost of a worker's hand-off of a batch: ``default_collate`` of ``batch`` crops (HWC uint8, as the
     workers' crop gives them) into a new shared-memory block, as it runs in a loader worker (the batch is
-    sent to the training process as that block), against ``torch.stack`` into ordinary memory."""
+    sent to the training process as that block), against stacking into a block written before (the
+    workers' pool, data/handoff.py) and ``torch.stack`` into ordinary memory."""
     torch.set_num_threads(1)  # as in a DataLoader worker
     n, size = spec["batch_size"], spec["size"]
     crops = [torch.randint(0, 256, (size, size, 3), dtype=torch.uint8) for _ in range(n)]
@@ -424,7 +425,17 @@ def probe_handoff(spec: dict) -> dict:
     def shared() -> torch.Tensor:  # what default_collate does in a worker (torch/utils/data/_utils/collate.py)
         return torch.stack(crops, out=shared_block_alone().resize_(n, size, size, 3))
 
-    ways = {"shared": shared, "shared_block_alone": shared_block_alone, "heap": lambda: torch.stack(crops)}
+    block = shared_block_alone().resize_(n, size, size, 3)
+
+    def reused() -> torch.Tensor:  # what a worker does with a block of its pool (data/handoff.py)
+        return torch.stack(crops, out=block)
+
+    ways = {
+        "shared": shared,
+        "shared_block_alone": shared_block_alone,
+        "shared_reused": reused,
+        "heap": lambda: torch.stack(crops),
+    }
     passes: dict[str, list[float]] = {k: [] for k in ways}
     for _ in range(5):  # alternating passes, 40 batches each; the best pass of each
         for k, fn in ways.items():

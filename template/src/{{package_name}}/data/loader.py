@@ -45,6 +45,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 from .. import dist, project
 from ..errors import DataError, Stalled, UserError
 from ..stopping import STOP_SIGNALS
+from . import handoff
 from .source import Source
 
 log = logging.getLogger(__name__)
@@ -170,9 +171,10 @@ class SkipBadCollate:
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         good = [s for s in samples if "bad" not in s]
-        batch = self.collate(good) if good else {"key": []}
+        with handoff.collecting() as pool:  # in a worker: its batch goes out in a block it reuses
+            batch = self.collate(good) if good else {"key": []}
         batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
-        return batch
+        return handoff.mark(batch, pool)
 
 
 TAIL = "tail"  # the key of a worker's last, partial batch, sent unbatched (see JoinTails)
@@ -190,7 +192,19 @@ class JoinTails:
         return self.collate(samples) if len(samples) >= self.batch_size else {TAIL: samples}
 
 
-class TailJoiningLoader(StatefulDataLoader):
+class Loader(StatefulDataLoader):
+    """torchdata's StatefulDataLoader, whose workers get back the shared memory of the batches this
+    process is done with (data/handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.returns = handoff.Returns()
+
+    def __iter__(self) -> Iterator[dict]:
+        return map(self.returns.watch, super().__iter__())
+
+
+class TailJoiningLoader(Loader):
     """The training loader of an iterable source: the workers' last, partial batches are joined.
 
     # NOTE [ Workers' last batches join up ]
@@ -362,7 +376,7 @@ def build_loader(
         sampler = EvalSampler(len(dataset), rank=rank, num_replicas=world_size)
     workers = s.num_workers > 0
     drop_last = cfg.loader.drop_last if train else False
-    loader_class, extra = StatefulDataLoader, {}
+    loader_class, extra = Loader, {}
     if train and isinstance(dataset, IterableDataset) and isinstance(dataset, Source):
         loader_class, extra = TailJoiningLoader, {"drop_joined_last": drop_last}
         collate_fn, drop_last = JoinTails(collate_fn, cfg.loader.batch_size), False
