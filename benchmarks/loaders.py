@@ -312,6 +312,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     server = None
     try:
+        template = results.template_state(REPO)  # what prepare renders (edits made later are not measured)
         projects, data = prepare(work, args)
         server = serve(work / "www")
         rows = build_rows(data, args, server)
@@ -325,7 +326,7 @@ def main() -> None:
     settings |= {"photo_mb": data["photo_mb"], "cache_mb": data.get("cache_mb"), "run_s": time.perf_counter() - start}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = results.collect(rows, settings, REPO)
+    result = results.collect(rows, settings, REPO, template)
     every_run = json.dumps(result, indent=1).replace(str(work), "$WORK")  # the temporary folder's name is noise
     (out / "loaders.json").write_text(every_run + "\n", encoding="utf-8")
     (out / "loaders.md").write_text(report.markdown(result), encoding="utf-8")

@@ -27,7 +27,17 @@ IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline 
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
 
 
-def machine(repo: Path) -> dict:
+def template_state(repo: Path) -> str:
+    """The commit the projects are rendered from, and whether uncommitted changes were in them."""
+
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if git("status", "--porcelain") else "")
+
+
+def machine(repo: Path, template: str | None = None) -> dict:
     import numpy
     import PIL
     import torch
@@ -43,11 +53,6 @@ def machine(repo: Path) -> dict:
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
 
-    def git(*argv: str) -> str:
-        out = subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True, check=False)
-        return out.stdout.strip()
-
-    dirty = " + uncommitted changes" if git("status", "--porcelain") else ""
     return {
         "cpu": model,
         "usable_cores": len(os.sched_getaffinity(0)),
@@ -60,7 +65,7 @@ def machine(repo: Path) -> dict:
         "pillow": PIL.__version__,
         "numpy": numpy.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "template": git("rev-parse", "--short", "HEAD") + dirty,
+        "template": template or template_state(repo),  # as rendered (main passes it), else as now
     }
 
 
@@ -81,7 +86,7 @@ def _ratio(a: list, b: list, scale: float = 1.0) -> float | None:
     return statistics.median(pairs) if pairs else None
 
 
-def collect(rows, settings: dict, repo: Path) -> dict:
+def collect(rows, settings: dict, repo: Path, template: str | None = None) -> dict:
     """Everything the report shows, from the measured rows."""
     cores = len(os.sched_getaffinity(0))
     out = [
@@ -119,7 +124,7 @@ def collect(rows, settings: dict, repo: Path) -> dict:
     decode = [r for r in out if r["group"] == "decode"]
     for row in decode[1:]:
         row["x_full"] = _ratio(row["speeds"], decode[0]["speeds"])
-    result = {"machine": machine(repo), "settings": settings, "rows": out, "cores": cores}
+    result = {"machine": machine(repo, template), "settings": settings, "rows": out, "cores": cores}
     result["memory"] = _memory(by["224", "cache (rendered)"])
     result["folder_memory"] = _memory(by["224", "folder (rendered)"])
     result["other_load"] = _other_load(out)

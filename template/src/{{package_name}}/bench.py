@@ -335,6 +335,8 @@ def bench_command(
     from .task import Task
 
     given, paths, chosen = cfg, None, {}
+    if quick and time_paths:
+        log.warning("bench --quick times no paths: --paths is ignored")
     task = Task(cfg.data, "train")
     dataset = build_dataset(cfg, "train", task)
     gpu = torch.cuda.is_available() and project.NUM_GPUS > 0
@@ -343,7 +345,7 @@ def bench_command(
         from .model import build_model
 
         rows = measure_paths(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
-        chosen = fastest(rows, cfg)
+        chosen = dist.broadcast_from_main(fastest(rows, cfg))  # under `launch -- bench`: rank 0's, as it writes
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **chosen))
         paths = {"rows": rows, "lines": describe(rows, chosen)}
     else:

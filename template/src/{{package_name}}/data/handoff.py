@@ -12,10 +12,13 @@
 # prefetch_factor 2; at most ``MOST_BLOCKS``) and stacks a batch (:func:`stack`) into one the
 # training process no longer holds. Each block has a flag in a small shared array of the worker's:
 # the worker sets it when it hands the block over; the training process clears it once no tensor
-# there uses the block's memory any more (a weak reference to its storage, looked at each time the
-# loader yields: :class:`Returns`). A view of a batch that outlives it keeps its block, so nothing
-# is overwritten under it. A worker that finds no free block (the training process holds its
-# batches) stacks into a new one, as ``default_collate`` would: it never waits.
+# there uses the block's memory any more (a weak reference to its storage, taken as the batch is
+# unpickled there and looked at each time a loader yields: :func:`received`). A view of a batch
+# that outlives it keeps its block, so nothing is overwritten under it; a batch the loader drops
+# unseen (an epoch ended early) gives its block back too. A worker that finds no free block (the
+# training process holds its batches) stacks into a new one, as ``default_collate`` would: it
+# never waits. A batch sent on to another process must be cloned first: that process's use is
+# not seen.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -45,7 +49,7 @@ class Pool:
 
     def take(self, nbytes: int) -> int | None:
         """A block of at least ``nbytes`` the training process does not hold, flagged as handed; or ``None``."""
-        free = [i for i, block in enumerate(self.blocks) if not self.free[i]]
+        free = [i for i, block in enumerate(self.blocks) if not self.free[i] and _unused_here(block)]
         fits = [i for i in free if self.blocks[i] is not None and self.blocks[i].nbytes() >= nbytes]
         if fits:
             i = fits[0]
@@ -57,6 +61,12 @@ class Pool:
             return None
         self.free[i] = 1
         return i
+
+
+def _unused_here(block: torch.UntypedStorage | None) -> bool:
+    """No tensor of this worker uses ``block`` (a collate of yours may keep a batch: it is not overwritten)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return block is None or count is None or count(block._cdata) <= 1
 
 
 _pool: Pool | None = None
@@ -98,28 +108,47 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     i = pool.take(math.prod(shape) * first.element_size())
     if i is None:
         return default_collate(tensors)
-    out = first.new_empty(0).set_(pool.blocks[i], 0, shape)
-    pool.handed.append((i, out.data_ptr()))  # before stacking: a failure frees the block (collecting)
-    return torch.stack(tensors, out=out)
+    pool.handed.append((i, pool.blocks[i].data_ptr()))  # first: a failure from here frees the block (collecting)
+    return torch.stack(tensors, out=first.new_empty(0).set_(pool.blocks[i], 0, shape))
 
 
 class HandedBatch(dict):
-    """A batch (a dict) whose tensors under ``blocks``' keys live in pool blocks: ``(flags, [(block, key)])``."""
+    """A batch whose tensors under some keys live in a worker's blocks: ``blocks = (flags, [(block, key)])``.
+
+    Unpickled in the training process (by the loader, or its pin-memory thread), it has each block
+    watched (:func:`received` gives it back once no tensor there uses it); copied (torch's
+    ``pin_memory`` copies a batch, then pins its tensors), it is a plain dict.
+    """
 
     blocks: tuple[torch.Tensor, list[tuple[int, str]]] | None = None
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        flags, found = self.blocks
+        with _lock:
+            for i, key in found:
+                slot = (flags.data_ptr(), i)  # one watch a block: a flag is cleared once per hand-off
+                if slot not in _watched:
+                    _watched[slot] = (StorageWeakRef(self[key].untyped_storage()), flags, i)
+
+    def __copy__(self) -> dict:
+        return dict(self)
 
 
 def mark(batch: dict, pool: Pool | None) -> dict:
     """``batch``, telling the training process which of its tensors are in the pool's blocks.
 
-    A block no top-level tensor of the batch starts at (a collate that kept only part of it) is
-    dropped from the pool: it goes out as a new block would, and is never written again.
+    A block no top-level tensor of the batch starts at (a collate that kept only part of it), or
+    any block of a batch that is not a plain dict (its type is kept), is dropped from the pool: it
+    goes out as a new block would, and is never written again.
     """
     handed = getattr(pool, "last", None)
     if not handed:
         return batch
     pool.last = None
-    where = {t.data_ptr(): key for key, t in batch.items() if isinstance(t, torch.Tensor)}
+    where = (
+        {t.data_ptr(): key for key, t in batch.items() if isinstance(t, torch.Tensor)} if type(batch) is dict else {}
+    )
     found = []
     for i, ptr in handed:
         if ptr in where:
@@ -133,28 +162,17 @@ def mark(batch: dict, pool: Pool | None) -> dict:
     return marked
 
 
-class Returns:
-    """The training process's side: a worker's block is free again once no tensor here uses it.
-
-    One per loader; :meth:`watch` each batch as the loader yields it (the batch comes back a plain dict).
-    """
-
-    def __init__(self) -> None:
-        self.held: list[tuple[StorageWeakRef, torch.Tensor, int]] = []
-
-    def watch(self, batch):
-        self.held = [h for h in self.held if not _returned(h)]
-        blocks = getattr(batch, "blocks", None)
-        if blocks is None:
-            return batch
-        flags, found = blocks
-        self.held += [(StorageWeakRef(batch[key].untyped_storage()), flags, i) for i, key in found]
-        return dict(batch)
+# The training process's watches: (flags' address, block) -> (its storage's weak reference, flags, block).
+_watched: dict[tuple[int, int], tuple[StorageWeakRef, torch.Tensor, int]] = {}
+_lock = threading.Lock()
 
 
-def _returned(held: tuple[StorageWeakRef, torch.Tensor, int]) -> bool:
-    ref, flags, i = held
-    if not ref.expired():
-        return False
-    flags[i] = 0
-    return True
+def received(batch):
+    """What a loader yields (data/loader.py: Loader): ``batch`` as a plain dict; and meanwhile every block
+    no tensor of this process uses any more goes back to its worker (its flag cleared)."""
+    with _lock:
+        done = [slot for slot, (ref, _, _) in _watched.items() if ref.expired()]
+        for slot in done:
+            _, flags, i = _watched.pop(slot)
+            flags[i] = 0
+    return dict(batch) if type(batch) is HandedBatch else batch

@@ -196,12 +196,8 @@ class Loader(StatefulDataLoader):
     """torchdata's StatefulDataLoader, whose workers get back the shared memory of the batches this
     process is done with (data/handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.returns = handoff.Returns()
-
     def __iter__(self) -> Iterator[dict]:
-        return map(self.returns.watch, super().__iter__())
+        return map(handoff.received, super().__iter__())
 
 
 class TailJoiningLoader(Loader):

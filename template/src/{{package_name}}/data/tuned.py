@@ -6,8 +6,8 @@ Loader keys left at ``auto`` take the tuned value while the fingerprint of the d
 machine still matches; `train` re-runs a quick bench when none does.
 
 ``data`` keys left at ``auto`` (where a sample is transformed: :func:`with_bench_choice`) take the
-values of the entry `bench` marked ``chosen``: it timed each value on this data and machine, kept
-the fastest, and tuned the loader for it, so that entry's fingerprint holds the chosen values.
+values of the entry whose ``chosen`` lists them: `bench` timed each of their values on this data
+and machine, kept the fastest, and tuned the loader for it (that entry's fingerprint holds them).
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def with_bench_choice(cfg, dataset, saved: dict | None = None):
     """``cfg`` with each ``data`` key left at ``auto`` set as `bench` chose it for this data and machine.
 
     A resumed run (``saved``: its checkpoint) keeps the values it began with, ``auto`` included (its
-    crops are then the ones the checkpoint's run would have drawn); else the ``chosen`` entry whose
-    fingerprint matches but for these keys gives them; else they stay ``auto`` (the format reads it
-    as its default). Called before the train split's dataset that trains is built: ``dataset``
-    only gives the source's fingerprint.
+    crops are then the ones the checkpoint's run would have drawn); else the entry whose fingerprint
+    matches but for these keys, and whose ``chosen`` lists them all, gives them; else they stay
+    ``auto`` (the format reads it as its default). Called before the train split's dataset that
+    trains is built: ``dataset`` only gives the source's fingerprint.
     """
     keys = auto_data_keys(cfg)
     if not keys:
@@ -89,17 +89,26 @@ def with_bench_choice(cfg, dataset, saved: dict | None = None):
         chosen, why = bench_choice(cfg, dataset, keys), f"bench's choice for this data and machine ({cfg.loader.tuned})"
     chosen = {k: v for k, v in chosen.items() if v != AUTO}
     if not chosen:
+        if saved is None:
+            log.info(
+                "%s: bench has not timed them for this data and machine: their default (`bench` on a GPU, or "
+                "`bench --paths`, times them)",
+                " ".join(f"data.{k}=auto" for k in keys),
+            )
         return cfg
     log.info("%s: %s", " ".join(f"data.{k}={v}" for k, v in chosen.items()), why)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **chosen))
 
 
 def bench_choice(cfg, dataset, keys: list[str]) -> dict:
-    """The values of ``keys`` in the ``chosen`` entry for this data and machine ({} when bench chose none)."""
+    """The values of ``keys`` in the entry for this data and machine where bench chose all of them by
+    timing each ({} when there is none: an entry that timed fewer keys chose among fewer values)."""
     ours = _leave_out(fingerprint(cfg, dataset), keys)
     for entry in _tuned_entries(cfg.loader.tuned):
-        theirs = entry.get("fingerprint")
-        if entry.get("chosen") and isinstance(theirs, dict) and _leave_out(theirs, keys) == ours:
+        theirs, timed = entry.get("fingerprint"), entry.get("chosen")
+        if not (isinstance(theirs, dict) and isinstance(timed, list) and set(keys) <= set(timed)):
+            continue
+        if _leave_out(theirs, keys) == ours:
             return {k: theirs["data"][k] for k in keys if k in theirs["data"]}
     return {}
 
@@ -129,27 +138,32 @@ def write_tuned(path: str, fp: dict, settings: dict, keep: int = 8, chosen: list
     """Record ``settings`` for fingerprint ``fp``, keeping the entries of other set-ups.
 
     One file serves e.g. a 1-process and a 2-process run on the same data side by side.
-    ``chosen``: the ``data`` keys whose values in ``fp`` bench chose by timing each; the entry is
-    marked ``chosen`` (and any other entry of this set-up with other values of them no longer is).
-    An entry rewritten without ``chosen`` (a later sweep at the chosen values) stays marked.
+    ``chosen``: the ``data`` keys whose values in ``fp`` bench chose by timing each; the entry records
+    them (and any other entry of this set-up that chose the same keys no longer does). An entry
+    rewritten without ``chosen`` (a later sweep at the chosen values) keeps what it recorded.
     """
     entries = _tuned_entries(path)
     was = next((e for e in entries if e.get("fingerprint") == fp), {})
     entry = {"fingerprint": fp, "loader": settings}
     if chosen:
-        entry["chosen"] = True
+        entry["chosen"] = sorted(chosen)
         mine = _leave_out(fp, chosen)
         for other in entries:
-            if isinstance(other.get("fingerprint"), dict) and _leave_out(other["fingerprint"], chosen) == mine:
-                other.pop("chosen", None)
+            theirs = other.get("fingerprint")
+            if (
+                other.get("chosen") == entry["chosen"]
+                and isinstance(theirs, dict)
+                and _leave_out(theirs, chosen) == mine
+            ):
+                other.pop("chosen")
     elif was.get("chosen"):
-        entry["chosen"] = True
+        entry["chosen"] = was["chosen"]
     entries = [entry, *(e for e in entries if e.get("fingerprint") != fp)][:keep]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         "# Written by `bench`: loader settings for keys left at `auto`, per data/machine fingerprint;\n"
-        "# `chosen`: bench timed the data keys left at `auto` and chose this entry's values of them.\n"
+        "# `chosen`: the data keys bench timed (left at `auto`), choosing this entry's values of them.\n"
     )
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(header + yaml.safe_dump({"entries": entries}, sort_keys=False), encoding="utf-8")
