@@ -413,7 +413,7 @@ def probe_handoff(spec: dict) -> dict:
     """The cost of a worker's hand-off of a batch: ``default_collate`` of ``batch`` crops (HWC uint8, as the
     workers' crop gives them) into a new shared-memory block, as it runs in a loader worker (the batch is
     sent to the training process as that block), against stacking into a block written before (the
-    workers' pool, data/handoff.py) and ``torch.stack`` into ordinary memory."""
+    workers' pool, handoff.py) and ``torch.stack`` into ordinary memory."""
     torch.set_num_threads(1)  # as in a DataLoader worker
     n, size = spec["batch_size"], spec["size"]
     crops = [torch.randint(0, 256, (size, size, 3), dtype=torch.uint8) for _ in range(n)]
@@ -427,7 +427,7 @@ def probe_handoff(spec: dict) -> dict:
 
     block = shared_block_alone().resize_(n, size, size, 3)
 
-    def reused() -> torch.Tensor:  # what a worker does with a block of its pool (data/handoff.py)
+    def reused() -> torch.Tensor:  # what a worker does with a block of its pool (handoff.py)
         return torch.stack(crops, out=block)
 
     ways = {

@@ -129,7 +129,7 @@ def _handoff_section(h: dict | None) -> list[str]:
         "`default_collate` in a loader worker stacks a batch into a new shared-memory block, which the "
         "training process then maps (no copy there); a new block's pages are zeroed and mapped as they are "
         "first written. A worker now stacks into a block of its own pool, written before, once the training "
-        "process is done with it (data/handoff.py): the third row.",
+        "process is done with it (handoff.py): the third row.",
         "",
     ]
     lines = [

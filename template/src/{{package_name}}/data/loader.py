@@ -42,10 +42,9 @@ from torch.utils.data import IterableDataset, Sampler, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from .. import dist, project
+from .. import dist, handoff, project
 from ..errors import DataError, Stalled, UserError
 from ..stopping import STOP_SIGNALS
-from . import handoff
 from .source import Source
 
 log = logging.getLogger(__name__)
@@ -194,7 +193,7 @@ class JoinTails:
 
 class Loader(StatefulDataLoader):
     """torchdata's StatefulDataLoader, whose workers get back the shared memory of the batches this
-    process is done with (data/handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
+    process is done with (handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
 
     def __iter__(self) -> Iterator[dict]:
         return map(handoff.received, super().__iter__())
