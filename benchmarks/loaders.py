@@ -199,8 +199,8 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
         return Row(name, "decode", {**spec, **extra}, "folder")
 
     rows = [
-        loader("folder (rendered)", "224", "folder", folder, memory=True),
-        loader("cache (rendered)", "224", "folder", cache, memory=True),
+        loader("folder (rendered)", "224", "folder", folder, memory=True, split=True),
+        loader("cache (rendered)", "224", "folder", cache, memory=True, split=True),
         loader("cache, torchvision's crop (before)", "224", "folder", cache, torchvision_crop=True),
         loader("folder, torchvision's crop (before)", "224", "folder", folder, torchvision_crop=True),
         loader("cache, crop on the device (the CPU here)", "224", "folder", device_cache, to_device=True, memory=True),

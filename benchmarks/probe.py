@@ -69,25 +69,44 @@ def tree_cpu_s(extra_pids=()) -> float:
     return total
 
 
-def worker_memory() -> list[dict]:
-    """Each DataLoader worker's memory in MB (smaps_rollup): Anonymous, Pss and Rss.
-
-    The rendered loaders' workers are the children of their forkserver, a child of this process.
-    """
+def loader_workers() -> list[psutil.Process]:
+    """This process's DataLoader workers: the rendered loaders' are the children of their forkserver,
+    a child of this process."""
     out = []
     for child in psutil.Process().children():
         try:
-            workers = child.children() if "forkserver" in " ".join(child.cmdline()) else []
+            out += child.children() if "forkserver" in " ".join(child.cmdline()) else []
         except psutil.Error:
             continue
-        for worker in workers:
-            fields = {}
-            with open(f"/proc/{worker.pid}/smaps_rollup") as f:
-                for line in f:
-                    name, _, rest = line.partition(":")
-                    if name in ("Rss", "Pss", "Anonymous"):
-                        fields[name.lower()] = int(rest.split()[0]) / 1024
-            out.append({"pid": worker.pid, **fields})
+    return out
+
+
+def role_cpu_s() -> dict:
+    """CPU seconds by role: this process (the training process, all its threads), the loader workers'
+    main threads (reading, cropping, collating) and their other threads (pickling a batch onto the queue)."""
+    me = psutil.Process()
+    out = {"training": sum(me.cpu_times()[:2]), "worker": 0.0, "worker_threads": 0.0}
+    for worker in loader_workers():
+        try:
+            threads = worker.threads()
+        except psutil.Error:
+            continue
+        for t in threads:
+            out["worker" if t.id == worker.pid else "worker_threads"] += t.user_time + t.system_time
+    return out
+
+
+def worker_memory() -> list[dict]:
+    """Each DataLoader worker's memory in MB (smaps_rollup): Anonymous, Pss and Rss."""
+    out = []
+    for worker in loader_workers():
+        fields = {}
+        with open(f"/proc/{worker.pid}/smaps_rollup") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("Rss", "Pss", "Anonymous"):
+                    fields[name.lower()] = int(rest.split()[0]) / 1024
+        out.append({"pid": worker.pid, **fields})
     return out
 
 
@@ -103,12 +122,17 @@ def time_loader(batches: Callable[[int], Iterator[int]], spec: dict, epoch: int 
             if start is None:
                 if seen == WARMUP:
                     start, busy0, own0 = now, busy_cpu_s(), tree_cpu_s(spec.get("extra_pids", ()))
+                    roles0 = role_cpu_s() if spec.get("split") else None
                 continue
             samples += n
             elapsed = now - start
             if elapsed >= spec["seconds"] and seen - WARMUP >= MIN_BATCHES:
                 busy, own = busy_cpu_s() - busy0, tree_cpu_s(spec.get("extra_pids", ())) - own0
+                split = {}
+                if roles0 is not None:  # microseconds of CPU a sample, by role
+                    split = {"cpu_us": {k: 1e6 * (v - roles0[k]) / samples for k, v in role_cpu_s().items()}}
                 return {
+                    **split,
                     "samples_per_s": samples / elapsed,
                     "seconds": elapsed,
                     "samples": samples,

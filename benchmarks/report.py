@@ -102,6 +102,7 @@ def markdown(result: dict) -> str:
     text += _decode_section(group["decode"])
     text += _crop_section(crop_quality(result))
     text += _handoff_section(handoff(result))
+    text += _split_section(result.get("cpu_split") or {}, s["workers"])
     text += _memory_section(result["memory"], result["folder_memory"], s["workers"])
     text += ["", "## Goals", ""]
     verdict = {True: "met", False: "**not met**", None: "pending"}
@@ -148,6 +149,30 @@ def _handoff_section(h: dict | None) -> list[str]:
         ["torch.stack into ordinary memory", _n(ms["heap"], ".2f"), _n(1e3 * ms["heap"] / h["batch"])],
     ]
     return text + _table(["stacking a batch", "ms a batch", "us a sample"], lines)
+
+
+def _split_section(split: dict, workers: int) -> list[str]:
+    if not any(split.values()):
+        return []
+    text = [
+        "",
+        "## Where a loader's CPU goes",
+        "",
+        "Microseconds of CPU a sample while each loader was timed (medians over the rounds), by role, from "
+        "/proc: a loader worker's main thread reads, decodes, crops and flips each sample, as the limit's one "
+        "process does alone, and also seeds numpy's and Python's generators for it, stacks the batch and "
+        f"runs the DataLoader's loop, sharing the cores with the other {workers - 1} worker(s) and the training "
+        "process; the workers' other threads pickle each batch onto the queue; the training process unpickles "
+        "it and yields it. The last column is what the loader spends a sample beyond the limit's work.",
+        "",
+    ]
+    lines = []
+    for name, us in split.items():
+        if us:
+            cells = [us["limit"], us["worker"], us["worker_threads"], us["training"], us["all"]]
+            lines.append([name, *(_n(x) for x in cells), f"{us['all'] - us['limit']:+.0f}"])
+    header = ["loader", "limit (one process)", "workers' main threads", "workers' other threads"]
+    return text + _table([*header, "training process", "all", "beyond the limit"], lines)
 
 
 def _crop_section(quality: dict | None) -> list[str]:

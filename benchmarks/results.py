@@ -23,6 +23,7 @@ LIMITS = {
     "shards, local (rendered)": "shards limit",
     "shards, loopback HTTP (rendered)": "shards limit",
 }
+SPLIT = ("folder (rendered)", "cache (rendered)")  # the loader rows whose CPU is read by role
 IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
 
@@ -127,9 +128,20 @@ def collect(rows, settings: dict, repo: Path, template: str | None = None) -> di
     result = {"machine": machine(repo, template), "settings": settings, "rows": out, "cores": cores}
     result["memory"] = _memory(by["224", "cache (rendered)"])
     result["folder_memory"] = _memory(by["224", "folder (rendered)"])
+    result["cpu_split"] = {name: _cpu_split(by["224", name], by["limit", LIMITS[name]]) for name in SPLIT}
     result["other_load"] = _other_load(out)
     result["goals"] = _goals(result, by, decode)
     return result
+
+
+def _cpu_split(row: dict, limit: dict) -> dict | None:
+    """Microseconds of CPU a sample by role (probe.py's role_cpu_s), medians over rounds, beside the
+    limit's (one process's per-sample work, alone)."""
+    seen = [r["cpu_us"] for r in row["runs"] if r and r.get("cpu_us")]
+    if not seen or not limit["median_cpu"]:
+        return None
+    split = {role: statistics.median(s[role] for s in seen) for role in seen[0]}
+    return {**split, "all": sum(split.values()), "limit": 1e6 / limit["median_cpu"]}
 
 
 def _memory(row: dict) -> dict | None:

@@ -10,15 +10,25 @@
 # loader's work (benchmarks/loaders.py, "a worker's hand-off of a batch"). Here a worker keeps the
 # blocks it needed at once (its batches in flight and those the training process holds: 3 with
 # prefetch_factor 2; at most ``MOST_BLOCKS``) and stacks a batch (:func:`stack`) into one the
-# training process no longer holds. Each block has a flag in a small shared array of the worker's:
+# training process no longer uses. Each block has a flag in a small shared array of the worker's:
 # the worker sets it when it hands the block over; the training process clears it once no tensor
-# there uses the block's memory any more (a weak reference to its storage, taken as the batch is
-# unpickled there and looked at each time a loader yields: :func:`received`). A view of a batch
-# that outlives it keeps its block, so nothing is overwritten under it; a batch the loader drops
-# unseen (an epoch ended early) gives its block back too. A worker that finds no free block (the
-# training process holds its batches) stacks into a new one, as ``default_collate`` would: it
-# never waits. A batch sent on to another process must be cloned first: that process's use is
-# not seen.
+# there uses the block's memory any more (looked at each time a loader yields: :func:`received`).
+# A view of a batch that outlives it keeps its block, so nothing is overwritten under it; a batch
+# the loader drops unseen (an epoch ended early) gives its block back too. A worker that finds no
+# free block (the training process holds its batches) stacks into a new one, as
+# ``default_collate`` would: it never waits. A batch sent on to another process must be cloned
+# first: that process's use is not seen.
+#
+# NOTE [ A block is sent once ]
+# torch sends a shared tensor to another process as a file descriptor, through a socket to a
+# thread of the sender and back, for every batch: half the training process's work for the cache
+# loader, and a thread woken in the worker each time. The training process instead keeps each
+# worker's blocks mapped from the first batch that brings one (and the flags with the pool's first
+# batch); a later batch names its block (pool, index, generation) and the tensor's layout. A block
+# is the worker's to fill again once this process's only reference to it is its own map of it
+# (the storage's use count). The maps of a worker that has exited are dropped when a new pool
+# appears and when a loader's epoch ends (:func:`forget_exited`). Small tensors (the targets)
+# travel by value.
 """
 
 from __future__ import annotations
@@ -28,12 +38,14 @@ import math
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import default_collate, get_worker_info
 
 MOST_BLOCKS = 8  # a worker's: its batches in flight (prefetch_factor) and those the training process holds
+BY_VALUE_BYTES = 1 << 16  # a smaller tensor of a handed batch is pickled by value, not shared
+_use_count = getattr(torch._C, "_storage_Use_Count", None)  # without it (another torch), no pool
 
 
 class Pool:
@@ -41,9 +53,13 @@ class Pool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.token = os.urandom(8).hex()  # names this pool in the training process (a pid is reused)
         self.blocks: list[torch.UntypedStorage | None] = []
+        self.generation: list[int] = []  # a block's, counted up each time its index gets a new one
+        self.sent: list[int] = []  # the generation of each block the training process has mapped (-1: none)
         self.flags = torch.zeros(MOST_BLOCKS, dtype=torch.uint8).share_memory_()
         self.free = self.flags.numpy()  # the same memory, read without a tensor op each time
+        self.flags_sent = False
         self.handed: list[tuple[int, int]] | None = None  # (block, data_ptr) of the batch being collated
         self.last: list[tuple[int, int]] | None = None  # those of the batch just collated, for mark
 
@@ -55,18 +71,25 @@ class Pool:
             i = fits[0]
         elif free or len(self.blocks) < MOST_BLOCKS:
             i = free[0] if free else len(self.blocks)
-            block = torch.UntypedStorage._new_shared(nbytes)
-            self.blocks[i : i + 1] = [block]
+            self.put(i, torch.UntypedStorage._new_shared(nbytes))
         else:
             return None
         self.free[i] = 1
         return i
 
+    def put(self, i: int, block: torch.UntypedStorage | None) -> None:
+        """Block ``i`` is ``block`` now (``None``: dropped); the training process maps it with the next batch."""
+        if i == len(self.blocks):
+            self.blocks.append(None)
+            self.generation.append(-1)
+            self.sent.append(-1)
+        self.blocks[i] = block
+        self.generation[i] += 1
+
 
 def _unused_here(block: torch.UntypedStorage | None) -> bool:
     """No tensor of this worker uses ``block`` (a collate of yours may keep a batch: it is not overwritten)."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    return block is None or count is None or count(block._cdata) <= 1
+    return block is None or _use_count(block._cdata) <= 1
 
 
 _pool: Pool | None = None
@@ -79,7 +102,7 @@ def collecting() -> Iterator[Pool | None]:
     Yields the pool (``None`` outside a worker); :func:`mark` then tells the batch which blocks it holds.
     """
     global _pool
-    if get_worker_info() is None:
+    if get_worker_info() is None or _use_count is None:
         yield None
         return
     if _pool is None or _pool.pid != os.getpid():  # a worker's own (a fork carries none worth keeping)
@@ -112,67 +135,174 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(tensors, out=first.new_empty(0).set_(pool.blocks[i], 0, shape))
 
 
-class HandedBatch(dict):
-    """A batch whose tensors under some keys live in a worker's blocks: ``blocks = (flags, [(block, key)])``.
+@dataclass
+class _InBlock:
+    """A tensor of a handed batch, by where it lies: block ``i`` of its pool, with the block itself
+    the first time the training process sees this generation of it."""
 
-    Unpickled in the training process (by the loader, or its pin-memory thread), it has each block
-    watched (:func:`received` gives it back once no tensor there uses it); copied (torch's
-    ``pin_memory`` copies a batch, then pins its tensors), it is a plain dict.
+    i: int
+    generation: int
+    block: torch.UntypedStorage | None
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+class HandedBatch(dict):
+    """A worker's batch whose tensors under some keys live in its pool's blocks (see :func:`mark`).
+
+    Pickled to the training process, it names those blocks (NOTE [ A block is sent once ]) and
+    sends its small tensors by value; unpickled there it is a plain dict (:func:`_unpickled`).
     """
 
-    blocks: tuple[torch.Tensor, list[tuple[int, str]]] | None = None
+    where: tuple[Pool, dict[str, int]]  # the pool, and the block each such key's tensor lies in
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        flags, found = self.blocks
-        with _lock:
-            for i, key in found:
-                slot = (flags.data_ptr(), i)  # one watch a block: a flag is cleared once per hand-off
-                if slot not in _watched:
-                    _watched[slot] = (StorageWeakRef(self[key].untyped_storage()), flags, i)
+    def __reduce__(self):
+        pool, blocks = self.where
+        items = []
+        for key, value in self.items():
+            if key in blocks:
+                i = blocks[key]
+                first = pool.sent[i] != pool.generation[i]
+                pool.sent[i] = pool.generation[i]
+                value = _InBlock(
+                    i,
+                    pool.generation[i],
+                    pool.blocks[i] if first else None,
+                    value.dtype,
+                    tuple(value.shape),
+                    value.stride(),
+                    value.storage_offset(),
+                )
+            elif _by_value(value):
+                value = _Value(value.numpy())
+            items.append((key, value))
+        flags = None if pool.flags_sent else pool.flags
+        pool.flags_sent = True
+        return _unpickled, (pool.token, pool.pid, flags, items)
 
-    def __copy__(self) -> dict:
-        return dict(self)
+
+@dataclass
+class _Value:
+    """A small tensor pickled by value (a shared one would cost a file descriptor's round trip)."""
+
+    array: object
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.array)
+
+
+def _by_value(value) -> bool:
+    if type(value) is not torch.Tensor or value.device.type != "cpu" or value.requires_grad:
+        return False
+    if value.nbytes > BY_VALUE_BYTES or value.layout != torch.strided or not value.is_contiguous():
+        return False
+    try:
+        value.numpy()
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16, ...): shared as torch does
+        return False
+    return True
 
 
 def mark(batch: dict, pool: Pool | None) -> dict:
     """``batch``, telling the training process which of its tensors are in the pool's blocks.
 
-    A block no top-level tensor of the batch starts at (a collate that kept only part of it), or
-    any block of a batch that is not a plain dict (its type is kept), is dropped from the pool: it
-    goes out as a new block would, and is never written again.
+    A block is named where a top-level tensor (not a subclass) of a plain dict starts at it; other
+    tensors of the batch go as torch sends them, and one in a named block (a view, the same tensor
+    under another key) becomes a tensor of the same map there (torch maps a shared file once per
+    process). A block no such tensor starts at (a collate that kept only part of it), or any block
+    of a batch that is not a plain dict (its type is kept), is dropped from the pool: it goes out
+    as a new block would, and is never written again.
     """
     handed = getattr(pool, "last", None)
     if not handed:
         return batch
     pool.last = None
-    where = (
-        {t.data_ptr(): key for key, t in batch.items() if isinstance(t, torch.Tensor)} if type(batch) is dict else {}
-    )
-    found = []
+    where = {t.data_ptr(): key for key, t in batch.items() if type(t) is torch.Tensor} if type(batch) is dict else {}
+    blocks = {}
     for i, ptr in handed:
         if ptr in where:
-            found.append((i, where[ptr]))
+            blocks[where[ptr]] = i
         else:
-            pool.blocks[i], pool.free[i] = None, 0
-    if not found:
+            pool.put(i, None)
+            pool.free[i] = 0
+    if not blocks:
         return batch
     marked = HandedBatch(batch)
-    marked.blocks = (pool.flags, found)
+    marked.where = (pool, blocks)
     return marked
 
 
-# The training process's watches: (flags' address, block) -> (its storage's weak reference, flags, block).
-_watched: dict[tuple[int, int], tuple[StorageWeakRef, torch.Tensor, int]] = {}
+@dataclass
+class _Remote:
+    """A worker's pool as the training process sees it: the blocks it has mapped, and which it watches."""
+
+    pid: int
+    flags: torch.Tensor
+    blocks: dict[int, tuple[int, torch.UntypedStorage]] = field(default_factory=dict)  # i -> (generation, block)
+    watched: set[int] = field(default_factory=set)  # handed over, not given back yet
+
+
+# The training process's pools, by token; touched by the thread that unpickles (the loader's, or
+# its pin-memory thread) and the one that iterates.
+_pools: dict[str, _Remote] = {}
 _lock = threading.Lock()
 
 
-def received(batch):
-    """What a loader yields (data/loader.py: Loader): ``batch`` as a plain dict; and meanwhile every block
-    no tensor of this process uses any more goes back to its worker (its flag cleared)."""
+def _unpickled(token: str, pid: int, flags: torch.Tensor | None, items: list) -> dict:
+    """A handed batch in the training process: a plain dict whose block tensors lie in this process's
+    maps of the worker's blocks (each then watched until no tensor here uses it)."""
     with _lock:
-        done = [slot for slot, (ref, _, _) in _watched.items() if ref.expired()]
-        for slot in done:
-            _, flags, i = _watched.pop(slot)
-            flags[i] = 0
-    return dict(batch) if type(batch) is HandedBatch else batch
+        pool = _pools.get(token)
+        if pool is None:
+            if flags is None:
+                raise RuntimeError(f"a batch of loader worker {pid} names blocks this process never received")
+            _forget_exited()
+            pool = _pools[token] = _Remote(pid, flags)
+        batch = {}
+        for key, value in items:
+            if isinstance(value, _InBlock):
+                if value.block is not None:
+                    pool.blocks[value.i] = (value.generation, value.block)
+                generation, block = pool.blocks.get(value.i, (None, None))
+                if generation != value.generation:
+                    raise RuntimeError(f"a batch of loader worker {pid} names a block this process never received")
+                pool.watched.add(value.i)
+                value = torch.empty(0, dtype=value.dtype).set_(block, value.offset, value.shape, value.stride)
+            elif isinstance(value, _Value):
+                value = value.tensor()
+            batch[key] = value
+    return batch
+
+
+def received(batch):
+    """What a loader yields (data/loader.py: Loader), unchanged; meanwhile every block no tensor of
+    this process uses any more goes back to its worker (its flag cleared)."""
+    with _lock:
+        for pool in _pools.values():
+            for i in [i for i in pool.watched if _use_count(pool.blocks[i][1]._cdata) <= 1]:
+                pool.watched.discard(i)
+                pool.flags[i] = 0
+    return batch
+
+
+def forget_exited() -> None:
+    """Unmap the blocks of loader workers that have exited (tensors of theirs still used keep theirs)."""
+    with _lock:
+        _forget_exited()
+
+
+def _forget_exited() -> None:
+    for token in [token for token, pool in _pools.items() if not _alive(pool.pid)]:
+        del _pools[token]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

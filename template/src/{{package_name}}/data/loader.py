@@ -196,7 +196,12 @@ class Loader(StatefulDataLoader):
     process is done with (handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
 
     def __iter__(self) -> Iterator[dict]:
-        return map(handoff.received, super().__iter__())
+        return _received(super().__iter__())  # the workers start here, not at the first batch (signal masks)
+
+
+def _received(batches: Iterator[dict]) -> Iterator[dict]:
+    yield from map(handoff.received, batches)
+    handoff.forget_exited()  # workers that are not persistent have exited: their blocks are unmapped here
 
 
 class TailJoiningLoader(Loader):
