@@ -21,14 +21,15 @@
 #
 # NOTE [ A block is sent once ]
 # torch sends a shared tensor to another process as a file descriptor, through a socket to a
-# thread of the sender and back, for every batch: half the training process's work for the cache
-# loader, and a thread woken in the worker each time. The training process instead keeps each
-# worker's blocks mapped from the first batch that brings one (and the flags with the pool's first
-# batch); a later batch names its block (pool, index, generation) and the tensor's layout. A block
-# is the worker's to fill again once this process's only reference to it is its own map of it
-# (the storage's use count). The maps of a worker that has exited are dropped when a new pool
-# appears and when a loader's epoch ends (:func:`forget_exited`). Small tensors (the targets)
-# travel by value.
+# thread of the sender and back, for every batch (3 a batch here: the block, the flags, the
+# targets): half the training process's CPU for the cache loader, and a thread of the worker woken
+# each time. The training process instead keeps each worker's blocks mapped from the first batch
+# that brings one (and the flags with the pool's first batch); a later batch names its block
+# (pool, index, generation) and the tensor's layout. A block is the worker's to fill again once
+# this process's only reference to it is its own map of it (the storage's use count). The maps of
+# a worker that has exited are dropped when a new pool appears and when a loader's epoch ends
+# (:func:`forget_exited`). Small tensors (the targets) travel by value. Side by side (4 alternating
+# rounds of torchfeed's benchmarks/probe.py), the cache loader gives 1.18x the samples/s this way.
 """
 
 from __future__ import annotations
