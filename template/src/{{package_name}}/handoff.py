@@ -28,8 +28,10 @@
 # (pool, index, generation) and the tensor's layout. A block is the worker's to fill again once
 # this process's only reference to it is its own map of it (the storage's use count). The maps of
 # a worker that has exited are dropped when a new pool appears and when a loader's epoch ends
-# (:func:`forget_exited`). Small tensors (the targets) travel by value. Side by side (4 alternating
-# rounds of torchfeed's benchmarks/probe.py), the cache loader gives 1.18x the samples/s this way.
+# (:func:`forget_exited`). A tensor of a batch, or a view of one, keeps its block; a storage object
+# alone (``x.untyped_storage()`` kept, the tensors dropped) does not: keep a tensor, or clone.
+# Small tensors (the targets) travel by value. Side by side (4 alternating rounds of torchfeed's
+# benchmarks/probe.py), the cache loader gives 1.18x the samples/s this way.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def _unpickled(token: str, pid: int, flags: torch.Tensor | None, items: list) ->
         pool = _pools.get(token)
         if pool is None:
             if flags is None:
-                raise RuntimeError(f"a batch of loader worker {pid} names blocks this process never received")
+                raise RuntimeError(f"loader worker {pid}'s first batch never arrived here (its stderr may say why)")
             _forget_exited()
             pool = _pools[token] = _Remote(pid, flags)
         batch = {}
@@ -267,8 +269,8 @@ def _unpickled(token: str, pid: int, flags: torch.Tensor | None, items: list) ->
                 if value.block is not None:
                     pool.blocks[value.i] = (value.generation, value.block)
                 generation, block = pool.blocks.get(value.i, (None, None))
-                if generation != value.generation:
-                    raise RuntimeError(f"a batch of loader worker {pid} names a block this process never received")
+                if generation != value.generation:  # the batch that brought it was lost: not pickled, say
+                    raise RuntimeError(f"a batch of loader worker {pid} never arrived here (its stderr may say why)")
                 pool.watched.add(value.i)
                 value = torch.empty(0, dtype=value.dtype).set_(block, value.offset, value.shape, value.stride)
             elif isinstance(value, _Value):
