@@ -56,7 +56,7 @@ class Pool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.token = os.urandom(8).hex()  # names this pool in the training process (a pid is reused)
+        self.ident = os.urandom(8).hex()  # names this pool in the training process (a pid is reused)
         self.blocks: list[torch.UntypedStorage | None] = []
         self.generation: list[int] = []  # a block's, counted up each time its index gets a new one
         self.sent: list[int] = []  # the generation of each block the training process has mapped (-1: none)
@@ -183,7 +183,7 @@ class HandedBatch(dict):
             items.append((key, value))
         flags = None if pool.flags_sent else pool.flags
         pool.flags_sent = True
-        return _unpickled, (pool.token, pool.pid, flags, items)
+        return _unpickled, (pool.ident, pool.pid, flags, items)
 
 
 @dataclass
@@ -247,22 +247,22 @@ class _Remote:
     watched: set[int] = field(default_factory=set)  # handed over, not given back yet
 
 
-# The training process's pools, by token; touched by the thread that unpickles (the loader's, or
+# The training process's pools, by ident; touched by the thread that unpickles (the loader's, or
 # its pin-memory thread) and the one that iterates.
 _pools: dict[str, _Remote] = {}
 _lock = threading.Lock()
 
 
-def _unpickled(token: str, pid: int, flags: torch.Tensor | None, items: list) -> dict:
+def _unpickled(ident: str, pid: int, flags: torch.Tensor | None, items: list) -> dict:
     """A handed batch in the training process: a plain dict whose block tensors lie in this process's
     maps of the worker's blocks (each then watched until no tensor here uses it)."""
     with _lock:
-        pool = _pools.get(token)
+        pool = _pools.get(ident)
         if pool is None:
             if flags is None:
                 raise RuntimeError(f"loader worker {pid}'s first batch never arrived here (its stderr may say why)")
             _forget_exited()
-            pool = _pools[token] = _Remote(pid, flags)
+            pool = _pools[ident] = _Remote(pid, flags)
         batch = {}
         for key, value in items:
             if isinstance(value, _InBlock):
@@ -297,8 +297,8 @@ def forget_exited() -> None:
 
 
 def _forget_exited() -> None:
-    for token in [token for token, pool in _pools.items() if not _alive(pool.pid)]:
-        del _pools[token]
+    for ident in [ident for ident, pool in _pools.items() if not _alive(pool.pid)]:
+        del _pools[ident]
 
 
 def _alive(pid: int) -> bool:
