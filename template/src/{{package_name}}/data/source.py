@@ -174,6 +174,10 @@ class Source(abc.ABC):
         with sample_rng(sample_seed(self.seed, self.epoch, key)):
             return transform(data)
 
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        """A map-style source's batch of samples, as DataLoader fetches it (the task reads them: fetch)."""
+        return self.task.fetch(self.__getitem__, indices)
+
     @abc.abstractmethod
     def peek(self, n: int) -> list[bytes]:
         """The raw bytes of the first ``n`` train samples (to check the data before training)."""
