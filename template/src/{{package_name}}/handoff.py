@@ -38,10 +38,13 @@
 # which the batch then copied into its block. When a map-style source fetches a train batch and
 # the train transform is the project's crop (sample_format.fetch), the worker reserves a block
 # first (:func:`reserve`) and each crop writes into its row there; :func:`stack` finds its tensors
-# are those rows, in order, and hands the block over without a copy. Any other case (a bad sample
-# left a row unused, a transform of yours made new tensors) stacks as before into a free block:
-# the rows still in use keep theirs. Side by side (3 alternating rounds of torchfeed's
-# benchmarks/probe.py), the cache loader gives 1.08x the samples/s this way.
+# are those rows, in order, and hands the block over without a copy. Otherwise the batch stacks as
+# before, into a free block, and the reserved one is given up: free again if nothing was written
+# there (a transform of yours made new tensors), dropped from the pool if crops on it are still in
+# use (a bad sample left a row unused; a collate of yours that sends the samples as they are:
+# torch sends them as their own shared memory, which this pool must never write again). Side by
+# side (3 alternating rounds of torchfeed's benchmarks/probe.py), the cache loader gives 1.16x the
+# samples/s this way.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Pool:
         self.handed: list[tuple[int, int]] | None = None  # (block, data_ptr) of the batch being collated
         self.last: list[tuple[int, int]] | None = None  # those of the batch just collated, for mark
         self.reserved: tuple[int, torch.Tensor] | None = None  # a block the next batch's samples are written in
+        self.reserving = True  # False once a batch went out without collecting() (see reserve)
 
     def take(self, nbytes: int) -> int | None:
         """A block of at least ``nbytes`` the training process does not hold, flagged as handed; or ``None``."""
@@ -119,11 +123,18 @@ def _worker_pool() -> Pool | None:
     return _pool
 
 
-def _unreserve(pool: Pool) -> None:
-    """The reserved block, not taken by a batch, is free again (a tensor still on it keeps it: take)."""
-    if pool.reserved is not None:
-        pool.free[pool.reserved[0]] = 0
-        pool.reserved = None
+def _unreserve(pool: Pool, *, collated: bool = True) -> None:
+    """Give up the reserved block, which no batch took: free again if no tensor uses it; dropped from
+    the pool if one does (a sample on it may leave in a batch of a collate's own, as torch sends it,
+    like a block :func:`mark` finds unnamed), or if the batch it was for was never collated here
+    (``collated=False``: it may have gone already; this worker reserves no more blocks)."""
+    if pool.reserved is None:
+        return
+    i = pool.reserved[0]
+    pool.reserved = None
+    if not collated or not _unused_here(pool.blocks[i]):
+        pool.put(i, None)
+    pool.free[i] = 0
 
 
 @contextlib.contextmanager
@@ -156,9 +167,12 @@ def reserve(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
     :func:`stack` hands the block over when the tensors it stacks are its first rows, in order.
     """
     pool = _worker_pool()
-    if pool is None:
+    if pool is None or not pool.reserving:
         return None
-    _unreserve(pool)
+    if pool.reserved is not None:  # its batch was not collated in collecting(): a collate_fn of yours
+        _unreserve(pool, collated=False)
+        pool.reserving = False
+        return None
     i = pool.take(math.prod(shape) * dtype.itemsize)
     if i is None:
         return None
@@ -176,11 +190,15 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     if pool is None or pool.handed is None or pool.pid != os.getpid():
         return default_collate(tensors)
     if pool.reserved is not None:
-        (i, rows), pool.reserved = pool.reserved, None
+        i, rows = pool.reserved
         if _are_rows(tensors, rows):  # written in place: the block goes as it is
+            pool.reserved = None
             pool.handed.append((i, pool.blocks[i].data_ptr()))
             return rows[: len(tensors)]
-        pool.free[i] = 0  # the rows in use keep it from being taken here (take: _unused_here)
+        on_it = any(t.untyped_storage().data_ptr() == rows.data_ptr() for t in tensors)
+        del rows
+        if on_it:  # crops of a batch with a bad sample amid them: given up (collecting settles it otherwise)
+            _unreserve(pool)
     first = tensors[0]
     shape = (len(tensors), *first.shape)
     i = pool.take(math.prod(shape) * first.element_size())
