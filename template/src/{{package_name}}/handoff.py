@@ -210,12 +210,13 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def _are_rows(tensors: list[torch.Tensor], rows: torch.Tensor) -> bool:
     """``tensors`` are the first rows of ``rows``, in order (the same memory, shape, strides and dtype)."""
+    start, step = rows.data_ptr(), rows.stride(0) * rows.element_size()  # row k starts at start + k * step
     return len(tensors) <= len(rows) and all(
         type(t) is torch.Tensor
         and t.dtype == rows.dtype
         and t.shape == rows.shape[1:]
         and t.stride() == rows.stride()[1:]
-        and t.data_ptr() == rows[k].data_ptr()
+        and t.data_ptr() == start + k * step
         for k, t in enumerate(tensors)
     )
 
