@@ -394,8 +394,7 @@ def probe_crop_quality(spec: dict) -> dict:
             hwc = task.decode_for_cache(data, side)  # the shorter side at ``side``, HWC, as the cache stores it
             for _ in range(spec["boxes"]):
                 torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
-                box = ours.draw.make_params([hwc.permute(2, 0, 1)])
-                crops.append((hwc, box["top"], box["left"], box["height"], box["width"]))
+                crops.append((hwc, *ours.box(*hwc.shape[:2])[:4]))
         for hwc, top, left, h, w in crops:
             chw = hwc.permute(2, 0, 1)
             crop = hwc[top : top + h, left : left + w].numpy().astype(np.float64)
