@@ -77,7 +77,8 @@ class Source(abc.ABC):
     # (train.seed, epoch, key) just before its transform runs: the same sample in the same epoch
     # gets the same random numbers at any num_workers, prefetch_factor or persistent_workers,
     # resumed or not, and another epoch gets new ones. In a loader worker torch's, NumPy's and
-    # Python's generators are seeded (a third-party augmentation draws from any of them); in the
+    # Python's generators are seeded (a third-party augmentation draws from any of them; a task
+    # whose ``generators`` names fewer, as the image task's does for its own crop, gets those); in the
     # training process itself (num_workers=0) only torch's, saved and restored around the sample,
     # so the model's own random numbers (dropout) run on undisturbed, and a checkpoint holds them.
 
@@ -171,7 +172,7 @@ class Source(abc.ABC):
         """``transform(data)`` for sample ``key``; in training, with random numbers from (seed, epoch, key)."""
         if self.split != "train":
             return transform(data)
-        with sample_rng(sample_seed(self.seed, self.epoch, key)):
+        with sample_rng(sample_seed(self.seed, self.epoch, key), getattr(self.task, "generators", GENERATORS)):
             return transform(data)
 
     def __getitems__(self, indices: list[int]) -> list[dict]:
@@ -249,16 +250,25 @@ def sample_seed(seed: int, epoch: int, key: str) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
+GENERATORS = ("torch", "numpy", "random")  # what an augmentation may draw from (a task may name fewer: generators)
+
+
 @contextlib.contextmanager
-def sample_rng(seed: int) -> Iterator[None]:
-    """Seed the random generators for one sample (see the NOTE in :class:`Source`); about 10 us."""
+def sample_rng(seed: int, generators: tuple[str, ...] = GENERATORS) -> Iterator[None]:
+    """Seed the random generators for one sample (see the NOTE in :class:`Source`); about 10 us.
+
+    ``generators``: those the sample's augmentation draws from (a task's ``generators``, if it says;
+    torch's is always seeded). In the training process only torch's is, saved and restored.
+    """
     generator = torch.default_generator
     in_worker = get_worker_info() is not None
     saved = None if in_worker else generator.get_state()
     generator.manual_seed(seed)
     if in_worker:  # the process is the loader's: its generators serve nothing else
-        np.random.seed(seed % 2**32)
-        random.seed(seed)
+        if "numpy" in generators:
+            np.random.seed(seed % 2**32)
+        if "random" in generators:
+            random.seed(seed)
     try:
         yield
     finally:
