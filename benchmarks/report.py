@@ -160,7 +160,8 @@ def _split_section(split: dict, workers: int) -> list[str]:
         "",
         "Microseconds of CPU a sample while each loader was timed (medians over the rounds), by role, from "
         "/proc: a loader worker's main thread reads, decodes, crops and flips each sample, as the limit's one "
-        "process does alone, and also seeds numpy's and Python's generators for it, stacks the batch and "
+        "process does alone, and also seeds the generators its augmentation draws from (torch's alone for the "
+        "project's crop; the limit's process saves and restores torch's), stacks the batch and "
         f"runs the DataLoader's loop, sharing the cores with the other {workers - 1} worker(s) and the training "
         "process; the workers' other threads pickle each batch onto the queue; the training process unpickles "
         "it and yields it. The last column is what the loader spends a sample beyond the limit's work.",
