@@ -183,11 +183,12 @@ def _crop_section(quality: dict | None) -> list[str]:
         "",
         "## The workers' crop (`crops.RandomResizedCropFlip`) against torchvision's",
         "",
-        "The same boxes (the workers' crop's draw, RandomResizedCrop's distribution, scale 0.35-1) on the same pixels, one core: PSNR of each against a "
-        "float64 Lanczos-3 resize of the box, and microseconds a crop (median). From the cache the images have a "
-        "shorter side of 256; the folder loader decodes a JPEG at the smallest scale keeping its shorter side at least "
-        "438 (the task's `min_side`). The crop resizes a box shrinking by at most 1.25x with OpenCV (bilinear, no "
-        "antialias), others with torchvision's antialiased bilinear.",
+        "The same boxes (the workers' crop's draw, RandomResizedCrop's distribution, scale 0.35-1) on the same "
+        "pixels, one core: PSNR of each against a float64 Lanczos-3 resize of the box, and microseconds a crop "
+        "(median). From the cache the images have a shorter side of 256; the folder loader decodes a JPEG at the "
+        "smallest scale keeping its shorter side at least 438 (the task's `min_side`). The crop resizes a box "
+        "shrinking by at most 1.25x with OpenCV (bilinear, no antialias), others with torchvision's antialiased "
+        "bilinear.",
         "",
     ]
     lines = [

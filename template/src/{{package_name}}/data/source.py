@@ -172,7 +172,10 @@ class Source(abc.ABC):
         """``transform(data)`` for sample ``key``; in training, with random numbers from (seed, epoch, key)."""
         if self.split != "train":
             return transform(data)
-        with sample_rng(sample_seed(self.seed, self.epoch, key), getattr(self.task, "generators", GENERATORS)):
+        # a task may name fewer generators than all (its ``generators``), for its own transform alone
+        own = getattr(transform, "__self__", transform) is self.task
+        generators = getattr(self.task, "generators", GENERATORS) if own else GENERATORS
+        with sample_rng(sample_seed(self.seed, self.epoch, key), generators):
             return transform(data)
 
     def __getitems__(self, indices: list[int]) -> list[dict]:
