@@ -13,7 +13,8 @@ data measures, at 224 px crops from 400-600 px JPEG photos (photos.py):
     the rendered shards loader on local shards and over loopback HTTP (``python -m http.server``),
     torchvision ``ImageFolder`` + DataLoader with the same crop and flip (two decoders),
     a plain ``webdataset.WebDataset`` pipeline, and the limit of each rendered source: one
-    process's per-sample work (read, decode, crop, flip) x usable cores;
+    process's per-sample work (read, decode, crop, flip) x usable cores; for the cache, also that
+    work in a process per core at once (the machine's own ceiling for it);
 
 at 64 px on each project's own ``sample-data``: folder, stream/sqlite, shards, plain WebDataset;
 full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop; and the workers' crop
@@ -177,6 +178,7 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
 def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]:
     """The report's rows, in the order a round runs them (each round starts one further on)."""
     common = {"workers": args.workers, "batch_size": args.batch_size, "seconds": args.seconds}
+    cores = len(os.sched_getaffinity(0))
     photo_root, shards_root = str(data["photos"]), str(data["shards224"])
     folder = [f"data.root={photo_root}", "data.image_size=224"]
     cache = [*folder, f"data.cache={data['cache224']}"]
@@ -214,6 +216,7 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
         plain("plain webdataset.WebDataset", "webdataset", shards_root, 224),
         Row("folder limit", "limit", {"kind": "limit", "overrides": folder, **common}, "folder"),
         Row("cache limit", "limit", {"kind": "limit", "overrides": cache, **common}, "folder"),
+        Row(results.TOGETHER, "limit", {"kind": "limit", "overrides": cache, "processes": cores, **common}, "folder"),
         Row(
             "cache limit, torchvision's crop (before)",
             "limit",

@@ -7,7 +7,8 @@
     loader       the rendered project's train loader (``build_dataset`` + ``build_loader``)
     imagefolder  torchvision ``ImageFolder`` + DataLoader with the same crop and flip
     webdataset   a plain ``webdataset.WebDataset`` pipeline with the same crop and flip
-    limit        one process's per-sample work on the project's source, no DataLoader
+    limit        one process's per-sample work on the project's source, no DataLoader; with
+                 ``processes`` N, that work in N processes at once, timed over the same window
     decode       one 3000 x 2250 JPEG to a 224 crop: full decode, or the reduced-scale one
     crop_quality the workers' crop against torchvision's: PSNR against Lanczos-3, and its cost
     handoff      stacking a batch of crops as a loader worker does (into new shared memory), and into
@@ -25,7 +26,9 @@ import io
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -157,9 +160,12 @@ def epoch_memory(batches: Callable[[int], Iterator[int]]) -> dict:
 
 
 def time_samples(step: Callable[[], object], spec: dict) -> dict:
-    """Samples/s of ``step()`` called in a loop in this process, after 20 warm-up calls."""
+    """Samples/s of ``step()`` called in a loop in this process, after 20 warm-up calls (and, with
+    ``barrier``, once every process of the barrier has warmed up)."""
     for _ in range(20):
         step()
+    if spec.get("barrier"):
+        wait_for_all(spec["barrier"], spec["parties"])
     start, busy0, own0, n = time.perf_counter(), busy_cpu_s(), tree_cpu_s(), 0
     while (elapsed := time.perf_counter() - start) < spec["seconds"] or n < 50:
         step()
@@ -171,6 +177,43 @@ def time_samples(step: Callable[[], object], spec: dict) -> dict:
         "samples": n,
         "busy_cores": busy / elapsed,
         "own_cores": own / elapsed,
+    }
+
+
+def wait_for_all(folder: str, parties: int, timeout: float = 120.0) -> None:
+    """A barrier between processes: each leaves a file in ``folder``, then waits for ``parties`` of them."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()  # noqa: SIM115 (an empty file)
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(folder)) < parties:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{parties - len(os.listdir(folder))} of {parties} processes never got ready")
+        time.sleep(0.001)
+
+
+def limit_together(spec: dict) -> dict:
+    """The limit's work in ``spec["processes"]`` processes at once (the machine's ceiling for it, which
+    the cores' shared caches and memory may put below one process's x the cores): each starts timing
+    once all have warmed up. ``samples_per_s`` and ``own_cores`` are each process's (their mean)."""
+    n = spec["processes"]
+    with tempfile.TemporaryDirectory() as barrier:
+        one = json.dumps({**spec, "processes": 1, "barrier": barrier, "parties": n})
+        children = [
+            subprocess.Popen([sys.executable, __file__, one], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(n)
+        ]
+        outs = [child.communicate(timeout=240) for child in children]
+    failed = [(c.returncode, err) for c, (_, err) in zip(children, outs) if c.returncode]
+    if failed:
+        raise RuntimeError(f"a process of {n} failed ({failed[0][0]}): {failed[0][1].strip()[-300:]}")
+    each = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return {
+        "samples_per_s": sum(r["samples_per_s"] for r in each) / n,
+        "each": [r["samples_per_s"] for r in each],
+        "seconds": max(r["seconds"] for r in each),
+        "samples": sum(r["samples"] for r in each),
+        "busy_cores": max(r["busy_cores"] for r in each),  # the machine's, over about the same window
+        "own_cores": sum(r["own_cores"] for r in each) / n,
+        "processes": n,
     }
 
 
@@ -288,7 +331,10 @@ def probe_webdataset(spec: dict) -> dict:
 
 
 def probe_limit(spec: dict) -> dict:
-    """One process's per-sample work on the project's train source (as one loader worker does it)."""
+    """One process's per-sample work on the project's train source (as one loader worker does it); with
+    ``processes`` N > 1, in N processes at once (:func:`limit_together`)."""
+    if spec.get("processes", 1) > 1:
+        return limit_together(spec)
     from bench_project.config import load_config
     from bench_project.data import build_dataset
 

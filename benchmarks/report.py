@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from results import FLAT_MB, crop_quality, handoff
+from results import FLAT_MB, TOGETHER, crop_quality, handoff
 
 
 def _n(value, spec: str = ".0f", none: str = "–") -> str:
@@ -84,7 +84,14 @@ def markdown(result: dict) -> str:
         for r in group["224"]
     ]
     text += _table(header, lines)
-    text += ["", f"Limits: one process's per-sample work on the rendered source, no DataLoader, x {cores} cores.", ""]
+    text += [
+        "",
+        f"Limits: one process's per-sample work on the rendered source, no DataLoader, x {cores} cores. The "
+        f"cache's is also run in {cores} processes at once, timed over the same window ({TOGETHER}: each "
+        "process's samples/s, and their sum): the machine's own ceiling for that work, which the cores' shared "
+        "caches and memory can put below the first.",
+        "",
+    ]
     lines = [
         [r["name"], *_speed_cells(r), _n(r["median"] and r["median"] * cores), _n(r["median_cpu"])]
         for r in group["limit"]
@@ -164,16 +171,19 @@ def _split_section(split: dict, workers: int) -> list[str]:
         "project's crop; the limit's process saves and restores torch's), stacks the batch and "
         f"runs the DataLoader's loop, sharing the cores with the other {workers - 1} worker(s) and the training "
         "process; the workers' other threads pickle each batch onto the queue; the training process unpickles "
-        "it and yields it. The last column is what the loader spends a sample beyond the limit's work.",
+        "it and yields it. The last column is what the loader spends a sample beyond the limit's work; the "
+        "second, what the limit's work costs a process while every core runs it (the cache's only).",
         "",
     ]
     lines = []
     for name, us in split.items():
         if us:
             cells = [us["limit"], us["worker"], us["worker_threads"], us["training"], us["all"]]
-            lines.append([name, *(_n(x) for x in cells), f"{us['all'] - us['limit']:+.0f}"])
-    header = ["loader", "limit (one process)", "workers' main threads", "workers' other threads"]
-    return text + _table([*header, "training process", "all", "beyond the limit"], lines)
+            together = _n(us["limit_together"]) if "limit_together" in us else "–"
+            lines.append([name, _n(cells[0]), together, *(_n(x) for x in cells[1:]), f"{us['all'] - us['limit']:+.0f}"])
+    header = ["loader", "limit (one process)", "limit, every core at once", "workers' main threads"]
+    header += ["workers' other threads", "training process", "all", "beyond the limit"]
+    return text + _table(header, lines)
 
 
 def _crop_section(quality: dict | None) -> list[str]:
