@@ -201,7 +201,11 @@ def limit_together(spec: dict) -> dict:
             subprocess.Popen([sys.executable, __file__, one], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(n)
         ]
-        outs = [child.communicate(timeout=240) for child in children]
+        try:
+            outs = [child.communicate(timeout=240) for child in children]
+        finally:  # none outlives this probe (one that failed leaves the others at the barrier)
+            for child in children:
+                child.kill()
     failed = [(c.returncode, err) for c, (_, err) in zip(children, outs) if c.returncode]
     if failed:
         raise RuntimeError(f"a process of {n} failed ({failed[0][0]}): {failed[0][1].strip()[-300:]}")
