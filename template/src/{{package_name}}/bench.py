@@ -45,13 +45,14 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from . import dist, project
+from . import dist, handoff, project, shm
 from .checks import run_checks
 from .data import build_loader
 from .data.cache import CacheSource
-from .data.loader import resolve_settings, set_epoch, worker_processes
+from .data.loader import plan_shared_memory, resolve_settings, set_epoch, shm_need, worker_processes
 from .data.source import Source
 from .data.tuned import fingerprint, with_bench_choice, write_tuned
+from .errors import SharedMemoryFull
 from .report import write_reports
 
 log = logging.getLogger(__name__)
@@ -150,20 +151,31 @@ def choose(points: list[dict]) -> dict:
     return min(good, key=lambda p: (p["num_workers"], p["prefetch_factor"]))
 
 
-def _loader(cfg, dataset, **settings):
+def _variant(cfg, **settings):
     variant = copy.deepcopy(cfg)
     variant.loader.tuned = ""
     for key, value in settings.items():
         setattr(variant.loader, key, value)
-    return build_loader(dataset, variant, "train")
+    return variant
 
 
-def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> list[dict]:
-    """Measure (num_workers, prefetch_factor) settings; a branch stops when more workers stop helping."""
+def _loader(cfg, dataset, **settings):
+    return build_loader(dataset, _variant(cfg, **settings), "train")
+
+
+def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> tuple[list[dict], list[dict]]:
+    """Measure (num_workers, prefetch_factor) settings; a branch stops when more workers stop helping, or
+    when its next setting does not fit in /dev/shm (shm.py). Returns the points and the settings skipped so.
+
+    Raises :class:`SharedMemoryFull` when no setting with workers fits: the sweep would choose none.
+    """
     workers = worker_counts(quick, dataset)
     branches = (2,) if quick else (2, 4)
+    least = _variant(cfg, num_workers=1, prefetch_factor=min(branches), persistent_workers=True)
+    plan_shared_memory([(dataset, least, "train")])  # the cheapest setting with workers fits, or one line
     deadline = time.perf_counter() + budget_s
     points: list[dict] = []
+    skipped: list[dict] = []
     bar = tqdm(
         total=1 + (len(workers) - 1) * len(branches),
         desc="bench",
@@ -177,16 +189,19 @@ def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: 
             if points and time.perf_counter() > deadline:
                 log.info("bench: --budget-s %.0f spent; skipping the remaining settings", budget_s)
                 bar.close()
-                return points
-            loader = _loader(
-                cfg,
-                dataset,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor,
-                persistent_workers=True,
-                pin_memory=pin_memory,
-            )
-            point = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, **measure(loader, batches)}
+                return points, skipped
+            settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "persistent_workers": True}
+            need = shm_need(dataset, _variant(cfg, **settings), "train")
+            try:
+                loader = _loader(cfg, dataset, **settings, pin_memory=pin_memory)
+            except SharedMemoryFull as e:  # so would more workers be: this branch ends
+                skipped.append(
+                    {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "shm_mb": need, "why": str(e)}
+                )
+                log.warning("bench: skipped num_workers=%d prefetch_factor=%d: %s", num_workers, prefetch_factor, e)
+                break
+            point = {**settings, "shm_mb": need, **measure(loader, batches)}
+            del point["persistent_workers"]
             del loader  # stops its workers before the next setting starts
             points.append(point)
             bar.update()
@@ -195,7 +210,7 @@ def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: 
                 break  # throughput stopped rising: more workers in this branch cost more for nothing
             best = max(best, point["samples_per_s"])
     bar.close()
-    return points
+    return points, skipped
 
 
 def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 3) -> float:
@@ -376,7 +391,7 @@ def run_bench(
     """
     batches = batches or (6 if quick else 30)
     base = resolve_settings(cfg, dataset)
-    points = sweep(cfg, dataset, quick, budget_s, batches, pin_memory=False)
+    points, skipped = sweep(cfg, dataset, quick, budget_s, batches, pin_memory=False)
     chosen = choose(points)
     tuned = {
         "num_workers": chosen["num_workers"],
@@ -393,6 +408,8 @@ def run_bench(
         "chosen_point": chosen,
         "default_rule": asdict(base),
     }
+    if (room := shm.space()) is not None:  # what /dev/shm allows (shm.py): each point's need, the settings skipped
+        report["shm"] = {"size_mb": round(room.size / 1e6, 1), "free_mb": round(room.free / 1e6, 1), "skipped": skipped}
     if not quick and chosen["num_workers"] > 0:
         switch = {
             "persistent": epoch_switch_s(cfg, dataset, chosen, True),
@@ -433,6 +450,7 @@ def run_bench(
         report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
+    handoff.forget_exited()  # the blocks of the loaders timed here are free again
     if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
         if cfg.loader.tuned:
             write_tuned(cfg.loader.tuned, report["fingerprint"], tuned, chosen=chosen_keys)

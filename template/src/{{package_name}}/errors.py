@@ -31,6 +31,14 @@ class Outage(Stalled):
     """A server the data comes from stopped answering past its retries: not the data's fault, never a bad sample."""
 
 
+class SharedMemoryFull(UserError):
+    """/dev/shm cannot hold what the loaders' workers need (shm.py); the message names its size, the need, the fixes."""
+
+
+class WorkerLost(Stalled):
+    """A loader worker died in the middle of an epoch (killed: the OOM killer, most often); the message names it."""
+
+
 class DiskFull(UserError, OSError):
     """A write failed for want of space (or past a file-size limit); the message names the path and what was kept."""
 

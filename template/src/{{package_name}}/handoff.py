@@ -9,10 +9,11 @@
 # samples of 3 x 224 x 224 bytes against 0.7 ms into memory already mapped, a sixth of the cache
 # loader's work (benchmarks/loaders.py, "a worker's hand-off of a batch"). Here a worker keeps the
 # blocks it needed at once (its batches in flight and those the training process holds: 3 with
-# prefetch_factor 2; at most ``MOST_BLOCKS``) and stacks a batch (:func:`stack`) into one the
-# training process no longer uses. Each block has a flag in a small shared array of the worker's:
-# the worker sets it when it hands the block over; the training process clears it once no tensor
-# there uses the block's memory any more (looked at each time a loader yields: :func:`received`).
+# prefetch_factor 2; at most ``MOST_BLOCKS``, fewer or none where /dev/shm is small: shm.py) and
+# stacks a batch (:func:`stack`) into one the training process no longer uses. Each block has a
+# flag in a small shared array of the worker's: the worker sets it when it hands the block over;
+# the training process clears it once no tensor there uses the block's memory any more (looked at
+# each time a loader yields: :func:`received`).
 # A view of a batch that outlives it keeps its block, so nothing is overwritten under it; a batch
 # the loader drops unseen (an epoch ended early) gives its block back too. A worker that finds no
 # free block (the training process holds its batches) stacks into a new one, as
@@ -59,21 +60,24 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from . import shm
+
 MOST_BLOCKS = 8  # a worker's: its batches in flight (prefetch_factor) and those the training process holds
 BY_VALUE_BYTES = 1 << 16  # a smaller tensor of a handed batch is pickled by value, not shared
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # without it (another torch), no pool
 
 
 class Pool:
-    """The blocks of one loader worker, and their flags (1: handed over, maybe still in use)."""
+    """The blocks of one loader worker (at most ``most``), and their flags (1: handed over, maybe still in use)."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = MOST_BLOCKS) -> None:
+        self.most = most
         self.pid = os.getpid()
         self.ident = os.urandom(8).hex()  # names this pool in the training process (a pid is reused)
         self.blocks: list[torch.UntypedStorage | None] = []
         self.generation: list[int] = []  # a block's, counted up each time its index gets a new one
         self.sent: list[int] = []  # the generation of each block the training process has mapped (-1: none)
-        self.flags = torch.zeros(MOST_BLOCKS, dtype=torch.uint8).share_memory_()
+        self.flags = torch.zeros(max(1, most), dtype=torch.uint8).share_memory_()
         self.free = self.flags.numpy()  # the same memory, read without a tensor op each time
         self.flags_sent = False
         self.handed: list[tuple[int, int]] | None = None  # (block, data_ptr) of the batch being collated
@@ -87,9 +91,15 @@ class Pool:
         fits = [i for i in free if self.blocks[i] is not None and self.blocks[i].nbytes() >= nbytes]
         if fits:
             i = fits[0]
-        elif free or len(self.blocks) < MOST_BLOCKS:
+        elif free or len(self.blocks) < self.most:
             i = free[0] if free else len(self.blocks)
-            self.put(i, torch.UntypedStorage._new_shared(nbytes))
+            try:
+                block = torch.UntypedStorage._new_shared(nbytes)
+            except RuntimeError as e:  # /dev/shm is full: no new block (torch's own way may still find room)
+                if shm.remove_failed(e) is None:
+                    raise
+                return None
+            self.put(i, block)
         else:
             return None
         self.free[i] = 1
@@ -111,15 +121,30 @@ def _unused_here(block: torch.UntypedStorage | None) -> bool:
 
 
 _pool: Pool | None = None
+_most = MOST_BLOCKS  # the blocks a pool of this process may keep (set_most: what fits in /dev/shm)
+
+
+def set_most(blocks: int) -> None:
+    """In a loader worker, before its first batch: its pool keeps at most ``blocks`` (0: no pool, torch's
+    own way; the loader sizes it to what fits in /dev/shm, shm.py)."""
+    global _most
+    _most = blocks
 
 
 def _worker_pool() -> Pool | None:
-    """This loader worker's pool (``None`` outside a worker, or without a use count to watch blocks by)."""
+    """This loader worker's pool (``None`` outside a worker, without a use count to watch blocks by, or
+    when /dev/shm has no room for one)."""
     global _pool
-    if get_worker_info() is None or _use_count is None:
+    if get_worker_info() is None or _use_count is None or _most < 1:
         return None
     if _pool is None or _pool.pid != os.getpid():  # a worker's own (a fork carries none worth keeping)
-        _pool = Pool()
+        try:
+            _pool = Pool(_most)
+        except RuntimeError as e:  # no room in /dev/shm even for its flags: torch's own way
+            if shm.remove_failed(e) is None:
+                raise
+            set_most(0)
+            return None
     return _pool
 
 
@@ -206,6 +231,21 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
         return default_collate(tensors)
     pool.handed.append((i, pool.blocks[i].data_ptr()))  # first: a failure from here frees the block (collecting)
     return torch.stack(tensors, out=first.new_empty(0).set_(pool.blocks[i], 0, shape))
+
+
+def nbytes(batch) -> int:
+    """The bytes of the tensors in ``batch`` (a tensor, or dicts and lists of them).
+
+    >>> nbytes({"input": torch.zeros(2, 3, dtype=torch.uint8), "key": ["a", "b"], "more": [torch.zeros(1)]})
+    10
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.nbytes
+    if isinstance(batch, dict):
+        return sum(nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(nbytes(v) for v in batch)
+    return 0
 
 
 def _are_rows(tensors: list[torch.Tensor], rows: torch.Tensor) -> bool:
@@ -380,15 +420,5 @@ def forget_exited() -> None:
 
 
 def _forget_exited() -> None:
-    for ident in [ident for ident, pool in _pools.items() if not _alive(pool.pid)]:
+    for ident in [ident for ident, pool in _pools.items() if not shm.alive(pool.pid)]:
         del _pools[ident]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

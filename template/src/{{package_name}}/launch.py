@@ -100,21 +100,30 @@ def torchrun_command(args: argparse.Namespace, command: list[str]) -> list[str]:
     return cmd + ["-m", project.PACKAGE, *command]
 
 
-def check(command: list[str], world_size: int, command_parser) -> None:
+def check(command: list[str], world_size: int, command_parser, processes: int = 1) -> None:
     """What ``train`` or ``bench`` would refuse at its start: the config, the data of both splits,
-    and a training loader for ``world_size`` processes (without its workers).
+    a training loader for ``world_size`` processes (without its workers), and the loaders' use of
+    /dev/shm by the ``processes`` of this node (bench's: its cheapest setting with workers).
 
     ``command_parser()`` is the command line's parser (``__main__.parser``, handed down: this module
     never imports the one above it).
     """
     from .config import load_config
     from .data import build_dataset, build_loader
+    from .data.loader import plan_shared_memory
+    from .data.tuned import with_tuned
 
     args = command_parser().parse_args(command)
     cfg = load_config(args.config, args.overrides)
-    train, _ = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
+    train, val = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
     probe = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=0, tuned=""))
     build_loader(train, probe, "train", rank=0, world_size=world_size)
+    if command[0] == "bench":
+        least = dataclasses.replace(cfg.loader, num_workers=1, prefetch_factor=2, persistent_workers=True, tuned="")
+        plan_shared_memory([(train, dataclasses.replace(cfg, loader=least), "train")], processes)
+    else:
+        loaders = [(train, with_tuned(cfg, train), "train"), (val, with_tuned(cfg, val), "val")]
+        plan_shared_memory(loaders, processes)
 
 
 def main(argv: list[str], command_parser) -> int:
@@ -126,7 +135,7 @@ def main(argv: list[str], command_parser) -> int:
             # before any process starts: a rank without a GPU would fail with "invalid device ordinal"
             dist.check_gpus(args.nproc_per_node, torch.cuda.device_count())
         cmd = torchrun_command(args, command)
-        check(command, args.nnodes * args.nproc_per_node, command_parser)
+        check(command, args.nnodes * args.nproc_per_node, command_parser, args.nproc_per_node)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,8 +12,8 @@ def table(report: dict) -> str:
     """The sweep as a Markdown table, the chosen row marked."""
     rows = [
         "| num_workers | prefetch_factor | samples/s | ms/batch (median) | ms/batch (p90) | first batch (s) "
-        "| RSS main (MB) | RSS worker (MB) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| RSS main (MB) | RSS worker (MB) | /dev/shm (MB) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     c = report["chosen_point"]
     for p in report["points"]:
@@ -21,14 +21,23 @@ def table(report: dict) -> str:
         rows.append(
             f"| {p['num_workers']}{mark} | {p['prefetch_factor']} | {p['samples_per_s']:.1f} | "
             f"{p['ms_per_batch']:.2f} | {p['ms_per_batch_p90']:.2f} | {p['first_batch_s']:.3f} | "
-            f"{p['rss_main_mb']:.0f} | {p['rss_worker_mb']:.0f} |"
+            f"{p['rss_main_mb']:.0f} | {p['rss_worker_mb']:.0f} | {p.get('shm_mb', 0):.0f} |"
         )
+    for p in report.get("shm", {}).get("skipped", []):
+        rows.append(f"| {p['num_workers']} (skipped) | {p['prefetch_factor']} | | | | | | | {p['shm_mb']:.0f} |")
     return "\n".join(rows)
 
 
 def summary(report: dict) -> str:
     """What was chosen and why, the stall verdict and the checks, as plain lines."""
     lines = [f"chosen: {report['chosen']}"]
+    if shm := report.get("shm"):
+        out = shm["skipped"]
+        skipped = ", ".join(f"num_workers={p['num_workers']} prefetch_factor={p['prefetch_factor']}" for p in out)
+        lines.append(
+            f"/dev/shm: {shm['size_mb']:.0f} MB ({shm['free_mb']:.0f} MB free); each setting's need is its row's"
+            + (f"; skipped, as they do not fit: {skipped} ({out[0]['why']})" if out else "")
+        )
     if "epoch_switch_s" in report:
         s = report["epoch_switch_s"]
         lines.append(f"epoch switch: {s['persistent']:.3f} s with persistent workers, {s['fresh']:.3f} s without")

@@ -36,9 +36,9 @@ from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_worker
 from .compute import Compute, make_optimizer, setup_compute, train_step
 from .data import build_dataset, build_loader, planned_batches, set_epoch
 from .data.budget import BadSampleBudget
-from .data.loader import batches, even_batches
+from .data.loader import batches, even_batches, lost, plan_shared_memory
 from .data.tuned import with_bench_choice, with_tuned
-from .errors import UserError
+from .errors import UserError, WorkerLost
 from .loggers import Loggers, make_loggers
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
@@ -88,8 +88,11 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     # The loaders' settings, resolved once before any loader is built: a mid-epoch checkpoint's
     # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto
     # (each split's own entry: validation's data is another). The run keeps the config as given.
-    train_loader = build_loader(train_set, with_tuned(keep_saved_workers(cfg, saved), train_set), "train")
-    val_loader = build_loader(val_set, with_tuned(cfg, val_set), "val")
+    train_cfg, val_cfg = with_tuned(keep_saved_workers(cfg, saved), train_set), with_tuned(cfg, val_set)
+    # what each loader's workers may keep in /dev/shm, beside the other's (an error line if even the least won't fit)
+    blocks = plan_shared_memory([(train_set, train_cfg, "train"), (val_set, val_cfg, "val")])
+    train_loader = build_loader(train_set, train_cfg, "train", shm_blocks=blocks[0])
+    val_loader = build_loader(val_set, val_cfg, "val", shm_blocks=blocks[1])
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)
     compute = setup_compute(cfg.train.amp, device, model)
@@ -110,59 +113,82 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
 
     budget = BadSampleBudget(cfg.data.bad_sample_budget)
     run = Run(cfg, ddp_model, task, optimizer, compute, budget, checkpoint, stop, loggers)
+    with loggers, worker_lost_named({"train": train_loader, "val": val_loader}, run_dir):
+        return run_epochs(cfg, run, model, task, train_loader, val_loader, progress, run_dir)
+
+
+def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: Progress, run_dir: Path) -> list[dict]:
+    """The epochs from ``progress`` on: train, evaluate, checkpoint, log; returns each epoch's metrics."""
+    compute, budget, loggers, stop, checkpoint = run.compute, run.budget, run.loggers, run.stop, run.checkpoint
+    device = compute.device
     history, warned_wait = [], False
-    with loggers:
-        for epoch in range(progress.epoch, cfg.train.epochs):
-            start = time.perf_counter()
-            set_epoch(train_loader, epoch)
-            planned = plan_epoch(train_loader, cfg, progress)
-            train_stats = train_one_epoch(run, train_loader, progress, planned)
-            if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
-                progress.epoch_batches = progress.batch
-                progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
-            val_stats = evaluate(model, task, val_loader, compute, budget)
-            progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
-            checkpoint(progress, mid_epoch=False)
-            bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
-            wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
-            metrics = {
-                "epoch": epoch,
-                "step": progress.step,
-                "train_loss": train_stats["loss"],
-                "val_loss": val_stats["loss"],
-                "val_acc": val_stats["acc"],
-                "train_samples": train_stats["samples"],
-                "val_samples": val_stats["samples"],
-                "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
-                "seconds": round(time.perf_counter() - start, 3),
-                "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
-                "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
-                "data_wait_frac": round(wait_frac, 3),
-                "world_size": dist.get_world_size(),
-            }
-            history.append(metrics)
-            slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
-            if slow and not warned_wait and dist.is_main_process():
-                warned_wait = True
-                log.warning(
-                    "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
-                    "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
-                    "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
-                    "machine gives each process",
-                    100 * wait_frac,
-                    epoch,
-                    train_stats["data_wait_s"],
-                    project.PACKAGE,
-                )
-            if dist.is_main_process():
-                loggers.log_epoch(epoch, progress.step, metrics)
-                log.info(
-                    "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
-                    *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
-                )
-            if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
-                raise stopped(signum, progress, run_dir)
+    for epoch in range(progress.epoch, cfg.train.epochs):
+        start = time.perf_counter()
+        set_epoch(train_loader, epoch)
+        planned = plan_epoch(train_loader, cfg, progress)
+        train_stats = train_one_epoch(run, train_loader, progress, planned)
+        if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
+            progress.epoch_batches = progress.batch
+            progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
+        val_stats = evaluate(model, task, val_loader, compute, budget)
+        progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
+        checkpoint(progress, mid_epoch=False)
+        bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
+        wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
+        metrics = {
+            "epoch": epoch,
+            "step": progress.step,
+            "train_loss": train_stats["loss"],
+            "val_loss": val_stats["loss"],
+            "val_acc": val_stats["acc"],
+            "train_samples": train_stats["samples"],
+            "val_samples": val_stats["samples"],
+            "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
+            "seconds": round(time.perf_counter() - start, 3),
+            "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
+            "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
+            "data_wait_frac": round(wait_frac, 3),
+            "world_size": dist.get_world_size(),
+        }
+        history.append(metrics)
+        slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
+        if slow and not warned_wait and dist.is_main_process():
+            warned_wait = True
+            log.warning(
+                "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
+                "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
+                "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
+                "machine gives each process",
+                100 * wait_frac,
+                epoch,
+                train_stats["data_wait_s"],
+                project.PACKAGE,
+            )
+        if dist.is_main_process():
+            loggers.log_epoch(epoch, progress.step, metrics)
+            log.info(
+                "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
+                *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
+            )
+        if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
+            raise stopped(signum, progress, run_dir)
     return history
+
+
+@contextlib.contextmanager
+def worker_lost_named(loaders: dict, run_dir: Path) -> Iterator[None]:
+    """A loader worker that died (workers.py: NOTE [ A worker that dies is named ]) is one line naming it and
+    the checkpoint a rerun resumes from. torch's own error of one it started itself (spawn) may come from a
+    signal handler at any point of the loop: it is named here too."""
+    try:
+        yield
+    except (WorkerLost, RuntimeError) as e:
+        named = e if isinstance(e, WorkerLost) else lost(e, loaders)
+        if named is None:
+            raise
+        saved = run_dir / CHECKPOINT
+        kept = f"{saved} holds the last checkpoint" if saved.is_file() else "no checkpoint was written yet"
+        raise WorkerLost(f"{named}; {kept}: run the same command again to go on from there") from None
 
 
 def stopped(signum: int, progress: Progress, run_dir: Path) -> Stopped:

@@ -15,37 +15,38 @@ epoch and nothing twice.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-import multiprocessing
-import multiprocessing.forkserver
-import multiprocessing.resource_tracker
-import multiprocessing.util
 import os
 import random
-import select
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from .. import dist, handoff, project
-from ..errors import DataError, Stalled, UserError
-from ..stopping import STOP_SIGNALS
+from .. import dist, handoff, project, shm
+from ..errors import DataError, SharedMemoryFull, Stalled, UserError
 from .source import Source
+from .workers import (  # noqa: F401 (worker_context, worker_processes, seed_worker, exit_with: once this module's)
+    exit_with,
+    init_worker,
+    lost,
+    seed_worker,
+    start_method,
+    stop_signals_blocked,
+    unpicklable,
+    worker_context,
+    worker_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +61,19 @@ class LoaderSettings:
     pin_memory: bool
 
 
-def resolve_settings(cfg, dataset) -> LoaderSettings:
+def resolve_settings(cfg, dataset, processes: int | None = None) -> LoaderSettings:
     """Turn ``auto`` values into numbers by the default rule (tuned values are in ``cfg`` already:
-    ``tuned.with_tuned`` puts them there once, before any loader is built; no file is read here)."""
+    ``tuned.with_tuned`` puts them there once, before any loader is built; no file is read here).
+
+    ``processes``: the training processes of this node (default: ``dist.processes_per_node()``).
+    """
     c = cfg.loader
 
     def pick(name, fallback):
         value = getattr(c, name)
         return value if value != "auto" else fallback
 
-    num_workers = pick("num_workers", max(1, dist.usable_cpus() // dist.processes_per_node()))
+    num_workers = pick("num_workers", max(1, dist.usable_cpus() // (processes or dist.processes_per_node())))
     if not isinstance(dataset, IterableDataset):
         num_workers = min(num_workers, len(dataset))
     elif c.num_workers == "auto" and isinstance(dataset, Source) and dataset.max_workers() is not None:
@@ -105,56 +109,6 @@ class EvalSampler(Sampler[int]):
         return max(0, math.ceil((self.length - self.rank) / self.num_replicas))
 
 
-def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn``: seed NumPy and ``random`` from the worker's torch seed.
-
-    # NOTE [ Different augmentation in every worker, rank and epoch ]
-    # The loader's ``generator`` is seeded with seed + rank, and draws a new base seed each
-    # time workers start (each epoch, or once with persistent workers whose RNGs then run on);
-    # each worker's torch seed is base seed + worker id. Seeding NumPy and ``random`` from it
-    # keeps third-party augmentations from repeating the same "random" numbers in every worker.
-    """
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
-
-
-def exit_with(pid: int) -> None:
-    """End this process as soon as process ``pid`` ends (a daemon thread waits for it).
-
-    # NOTE [ Workers end with their rank ]
-    # DataLoader's workers stop when their parent process changes. A worker started from the
-    # forkserver (see worker_context) has the forkserver as its parent, and the forkserver
-    # lives while any of its workers does: a rank killed with kill -9 (or by the OOM killer)
-    # would leave its workers and forkserver running, and holding memory, forever. So each
-    # worker watches its rank itself.
-    """
-    try:
-        handle = os.pidfd_open(pid)  # Linux: readable when the process ends
-    except ProcessLookupError:
-        os._exit(0)
-    except (AttributeError, OSError):
-        handle = None
-
-    def wait() -> None:
-        if handle is not None:
-            select.select([handle], [], [])
-        else:  # elsewhere: poll
-            while psutil.pid_exists(pid):
-                time.sleep(2)
-        os._exit(0)
-
-    threading.Thread(target=wait, name=f"exit-with-{pid}", daemon=True).start()
-
-
-def init_worker(rank_pid: int, worker_id: int) -> None:
-    """``worker_init_fn``: seed the worker (:func:`seed_worker`), end it with its rank (:func:`exit_with`),
-    and let the signals that stop a run pass it by (stopping.py): its rank stops it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    seed_worker(worker_id)
-    exit_with(rank_pid)
-
-
 class SkipBadCollate:
     """Batch the good samples with ``collate`` and carry the bad ones' ``(key, reason)`` in ``batch["bad"]``.
 
@@ -170,8 +124,13 @@ class SkipBadCollate:
 
     def __call__(self, samples: list[dict]) -> dict[str, Any]:
         good = [s for s in samples if "bad" not in s]
-        with handoff.collecting() as pool:  # in a worker: its batch goes out in a block it reuses
-            batch = self.collate(good) if good else {"key": []}
+        try:
+            with handoff.collecting() as pool:  # in a worker: its batch goes out in a block it reuses
+                batch = self.collate(good) if good else {"key": []}
+        except RuntimeError as e:  # no room in /dev/shm (torch's "unable to allocate shared memory")
+            if shm.remove_failed(e) is None:
+                raise
+            raise SharedMemoryFull(shm.no_room_in_worker()) from None
         batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
         return handoff.mark(batch, pool)
 
@@ -191,12 +150,69 @@ class JoinTails:
         return self.collate(samples) if len(samples) >= self.batch_size else {TAIL: samples}
 
 
+CHECK_S = 5  # seconds between torch's looks at the workers while a batch is awaited (workers.py: NOTE)
+
+
 class Loader(StatefulDataLoader):
-    """torchdata's StatefulDataLoader, whose workers get back the shared memory of the batches this
-    process is done with (handoff.py: NOTE [ A worker's batches reuse their shared memory ])."""
+    """torchdata's StatefulDataLoader: its workers get back the shared memory of the batches this process
+    is done with (handoff.py: NOTE [ A worker's batches reuse their shared memory ]); a wait for a batch
+    looks at the workers every few seconds, so a dead one is named (workers.py: NOTE [ A worker that
+    dies is named ]); a mistake a worker found comes out as it was raised there.
+
+    Args:
+        split (str): what its messages call it (``"train"``, ``"val"``).
+        timeout (float): seconds its workers may send no batch before :class:`Stalled` (0: forever).
+    """
+
+    def __init__(self, *args, split: str = "train", timeout: float = 0, **kwargs) -> None:
+        self.split, self.patience = split, timeout
+        super().__init__(*args, timeout=min(timeout, CHECK_S) if timeout else 0, **kwargs)
 
     def __iter__(self) -> Iterator[dict]:
-        return _received(super().__iter__())  # the workers start here, not at the first batch (signal masks)
+        try:
+            batches = super().__iter__()  # the workers start here, not at the first batch (signal masks)
+        except Exception as e:  # a worker could not get its work: a lambda in a transform, an open handle
+            parts = {"the dataset": self.dataset, "the collate_fn": self.collate_fn}
+            method = getattr(self.multiprocessing_context, "get_start_method", lambda: "?")()
+            problem = unpicklable(e, self.split, parts, method)
+            if problem is None:
+                raise
+            raise problem from None
+        return _received(_patient(self, batches))
+
+
+def _patient(loader: Loader, batches: Iterator[dict]) -> Iterator[dict]:
+    """``batches``, each waited for in spells of at most CHECK_S seconds, after each of which torch looks
+    at the workers, up to the loader's timeout; torch's errors of its workers said in one line."""
+    while True:
+        started = time.monotonic()
+        try:
+            while True:
+                try:
+                    batch = next(batches)
+                    break
+                except RuntimeError as e:  # torch found the workers alive: wait on, up to the timeout
+                    if "DataLoader timed out" not in str(e) or time.monotonic() - started >= loader.patience:
+                        raise
+        except StopIteration:
+            return
+        except (UserError, Stalled) as e:  # a mistake or an outage a worker found: as it was raised there
+            said = said_in_worker(e)
+            if said is None:
+                raise
+            raise type(e)(said) from None
+        except RuntimeError as e:
+            if "DataLoader timed out" in str(e):
+                raise Stalled(
+                    f"the {loader.split} loader's workers sent no batch in {loader.patience} s (loader.timeout_s): "
+                    "one is stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows "
+                    "where), or the data is slower than that: raise loader.timeout_s"
+                ) from None
+            problem = lost(e, {loader.split: loader})
+            if problem is None:
+                raise
+            raise problem from None
+        yield batch
 
 
 def _received(batches: Iterator[dict]) -> Iterator[dict]:
@@ -239,98 +255,15 @@ def _join_tails(batches: Iterable[dict], collate, batch_size: int, drop_last: bo
         yield collate(tail)
 
 
-def worker_context(method: str = "auto"):
-    """The multiprocessing context DataLoader workers start from (``loader.start_method``).
-
-    ``auto`` is a forkserver where the system has one (Linux, macOS), else spawn (Windows).
-
-    # NOTE [ Workers start from a forkserver ]
-    # A worker forked from the training process copies every lock that process holds at that
-    # moment, and that process runs threads (gloo's, tqdm's monitor, the queue feeders of
-    # persistent workers): a lock held by one of them is copied locked, and the new worker hangs
-    # before it runs a line, with its rank waiting on it forever and the other ranks waiting in
-    # a collective. A forkserver is a separate, single-threaded process started on first use;
-    # each worker is forked from it, and gets the dataset by pickling (so a source holds only
-    # what pickles cheaply: paths, NumPy arrays, no open handle). Importing the data stack in
-    # the forkserver once keeps worker start-up fast. The forkserver is a fresh interpreter: it
-    # finds this package as a plain `python` would (installed, or on PYTHONPATH), so the folder
-    # holding the package goes on PYTHONPATH for it (a source tree that pytest's `pythonpath`
-    # makes importable is not visible there); otherwise each worker would import torch itself.
-    # spawn starts each worker as a fresh interpreter: as safe, slower to start. fork is never used.
-    """
-    if method == "auto":
-        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    ctx = multiprocessing.get_context(method)
-    _end_workers_at_exit()
-    # NOTE [ Workers start with the stop signals blocked ]
-    # A signal sent to a rank's whole process group (torchrun's, Slurm's, Ctrl-C's) stops the
-    # rank alone, which then stops its workers (stopping.py): every process started for them
-    # inherits the signals blocked. Blocked, not ignored: none is lost. multiprocessing's resource
-    # tracker starts first, on its own: starting it *unblocks* SIGINT and SIGTERM in the caller
-    # (CPython's resource_tracker.ensure_running), and started on the way to the first worker it
-    # would leave that worker, or the forkserver, to die of the signal (the rank then waits for
-    # batches that never come, or fails with `EOFError: unexpected EOF`).
-    with stop_signals_blocked():
-        multiprocessing.resource_tracker.ensure_running()
-    if method == "forkserver":
-        ctx.set_forkserver_preload([__name__])  # takes effect when the server starts
-        with stop_signals_blocked():  # the forkserver, and so every worker it forks, inherits the mask
-            multiprocessing.forkserver.ensure_running()
-    return ctx
-
-
-@contextmanager
-def stop_signals_blocked():
-    """Block the signals that stop a run (stopping.py) in this thread for the ``with`` block: a
-    process started in it inherits the mask. One that arrives meanwhile waits, it is not lost."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-@functools.cache
-def _end_workers_at_exit() -> None:
-    """At exit, kill the workers still running, before multiprocessing stops them with SIGTERM.
-
-    multiprocessing's exit handler sends its daemonic children SIGTERM and waits for them; the
-    workers block it (see worker_context), so a worker that a failed run left behind (an error
-    raised while its loader was open) would make the process wait forever after its ``error:``
-    line. This runs first (a finalizer of high priority) and kills them.
-    """
-
-    def kill() -> None:
-        for worker in worker_processes():
-            try:
-                worker.kill()
-            except psutil.Error:  # it ended meanwhile
-                continue
-
-    multiprocessing.util.Finalize(None, kill, exitpriority=100)
-
-
-def worker_processes() -> list[psutil.Process]:
-    """This process's DataLoader workers: the children of its forkserver, or its spawned children."""
-    workers = []
-    for child in psutil.Process().children():
-        try:
-            cmdline = " ".join(child.cmdline())
-            if "forkserver" in cmdline:
-                workers += child.children()
-            elif "spawn_main" in cmdline:
-                workers.append(child)
-        except psutil.Error:  # it ended meanwhile
-            continue
-    return workers
-
-
 def build_loader(
-    dataset, cfg, split: str, *, rank: int | None = None, world_size: int | None = None, collate_fn=None
+    dataset,
+    cfg,
+    split: str,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    collate_fn=None,
+    shm_blocks: int | None = None,
 ) -> StatefulDataLoader:
     """The loader of ``split``, with arguments that mean what DataLoader's mean.
 
@@ -344,6 +277,10 @@ def build_loader(
             reads; default: the source's own, else the running process group's.
         collate_fn (callable, optional): default: the source's ``task.collate``, skipping bad
             samples (:class:`SkipBadCollate`); torch's ``default_collate`` for other datasets.
+        shm_blocks (int, optional): the blocks a worker's hand-off pool may keep in /dev/shm
+            (:func:`plan_shared_memory` of this loader and the others it runs beside); default:
+            what fits for this loader alone. Raises :class:`SharedMemoryFull` when its workers
+            cannot run in /dev/shm even without a pool.
     """
     if isinstance(dataset, Source):
         if rank is None or world_size is None:
@@ -375,6 +312,8 @@ def build_loader(
     else:
         sampler = EvalSampler(len(dataset), rank=rank, num_replicas=world_size)
     workers = s.num_workers > 0
+    if workers and shm_blocks is None:
+        shm_blocks = plan_shared_memory([(dataset, cfg, split)])[0]
     drop_last = cfg.loader.drop_last if train else False
     loader_class, extra = Loader, {}
     if train and isinstance(dataset, IterableDataset) and isinstance(dataset, Source):
@@ -391,7 +330,7 @@ def build_loader(
             collate_fn=collate_fn,
             pin_memory=s.pin_memory,
             drop_last=drop_last,
-            worker_init_fn=functools.partial(init_worker, os.getpid()),
+            worker_init_fn=functools.partial(init_worker, os.getpid(), blocks=shm_blocks or 0),
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
             prefetch_factor=s.prefetch_factor if workers else None,
             # Validation workers start for each evaluation and end after it: kept, they would sit
@@ -399,36 +338,113 @@ def build_loader(
             persistent_workers=s.persistent_workers if workers and train else False,
             multiprocessing_context=worker_context(cfg.loader.start_method) if workers else None,
             timeout=cfg.loader.timeout_s if workers else 0,
+            split=split,
         )
 
 
+def plan_shared_memory(loaders: list[tuple[Any, Any, str]], processes: int | None = None) -> list[int]:
+    """The blocks a worker of each loader may keep in its hand-off pool, the loaders (``(dataset, cfg,
+    split)`` each, as :func:`build_loader` gets them) of this node's ``processes`` training processes
+    sharing /dev/shm (default: ``dist.processes_per_node()``): what fits beside the others, down to 0
+    (torch's own way). shm.py's NOTE gives the rule; blocks that ended processes of this project
+    left there are removed first.
+
+    Raises :class:`SharedMemoryFull` (one line: /dev/shm's size, what the settings need, the fixes)
+    when a loader's workers cannot run there even without a pool.
+    """
+    room = shm.space()
+    if room is None:  # no /dev/shm (macOS, Windows): no limit of this kind
+        return [handoff.MOST_BLOCKS] * len(loaders)
+    handoff.forget_exited()  # the blocks of workers that ended are free
+    files, size = shm.clear_dead(project.PACKAGE)
+    if files:
+        where = (files, shm.mb(size), shm.PATH)
+        log.warning("removed %d block(s) (%s) that ended processes of this project left in %s", *where)
+        room = shm.space() or room
+    processes = processes or dist.processes_per_node()
+    demands = [_demand(dataset, cfg, split, processes) for dataset, cfg, split in loaders]
+    blocks = shm.plan(demands, room, handoff.MOST_BLOCKS, processes)
+    short = [f"{n} for {d.name}" for d, n in zip(demands, blocks) if d.workers and n < handoff.MOST_BLOCKS]
+    if short:
+        _say_once(
+            f"/dev/shm holds {shm.mb(room.size)} ({shm.mb(room.free)} free): a worker's hand-off pool keeps "
+            f"{' and '.join(short)} of its {handoff.MOST_BLOCKS} blocks (0: torch's own way, a new block for "
+            f"each batch, slower); for full speed {shm.fixes(shm.full(demands, handoff.MOST_BLOCKS, processes))}"
+        )
+    return blocks
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        log.info("%s", line)
+
+
+def shm_need(dataset, cfg, split: str) -> float:
+    """The MB of /dev/shm a loader of ``dataset`` at ``cfg``'s settings needs at the least (no pool)."""
+    return round(_demand(dataset, cfg, split, dist.processes_per_node()).need() / 1e6, 1)
+
+
+def _demand(dataset, cfg, split: str, processes: int) -> shm.Demand:
+    """What a loader of ``dataset`` at ``cfg``'s settings keeps in /dev/shm (shm.Demand)."""
+    s = resolve_settings(cfg, dataset, processes)
+    nbytes = batch_bytes(dataset, cfg.loader.batch_size) if s.num_workers else 0
+    return shm.Demand(
+        name=f"the {split} loader",
+        batch_bytes=nbytes,
+        workers=s.num_workers,
+        prefetch=s.prefetch_factor,
+        persistent=s.persistent_workers and split == "train",  # validation workers end with each evaluation
+        batch=f"loader.batch_size={cfg.loader.batch_size}, {shm.mb(nbytes / cfg.loader.batch_size)} a sample",
+    )
+
+
+def batch_bytes(dataset, batch_size: int) -> int:
+    """The shared memory one batch of ``batch_size`` takes, from a few of the source's first samples read
+    with its task (``task.batch_nbytes``), the random generators left as they were; 0 when unknown (a
+    dataset that is not a :class:`Source`, or none of the first samples reads)."""
+    if not isinstance(dataset, Source):
+        return 0
+    samples = []
+    with _generators_kept():
+        for data in dataset.peek(16):
+            try:
+                samples.append({"input": dataset.transformed("", dataset.task, data), "target": 0, "key": ""})
+            except Exception:  # a bad sample: the next one may do
+                continue
+            if len(samples) == min(batch_size, 4):
+                break
+    return dataset.task.batch_nbytes(samples, batch_size) if samples else 0
+
+
+@contextlib.contextmanager
+def _generators_kept() -> Iterator[None]:
+    """Torch's, NumPy's and Python's generators as they were after the block (a transform may draw)."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
 def batches(loader, split: str) -> Iterator[dict]:
-    """``loader``'s batches; workers that send none for ``loader.timeout_s`` become :class:`Stalled` naming it.
+    """``loader``'s batches, its workers started with the stop signals blocked (workers.py).
 
     # NOTE [ A stuck worker is an error, not a hang ]
     # A worker blocked for good (a hung network file system or server, a deadlock) would
-    # otherwise keep its rank waiting forever, and the other ranks in their next collective.
-
-    A mistake or an outage a worker found (a :class:`UserError`, a :class:`Stalled`) comes out as
-    it was raised there: torch re-raises it with the worker's traceback in its message.
+    # otherwise keep its rank waiting forever, and the other ranks in their next collective:
+    # workers that send no batch for ``loader.timeout_s`` are a :class:`Stalled` naming the loader
+    # (:class:`Loader`). A mistake or an outage a worker found (a :class:`UserError`, a
+    # :class:`Stalled`) comes out as it was raised there, without the traceback torch adds.
     """
-    try:
-        with stop_signals_blocked():  # spawned workers inherit the mask (see worker_context)
-            iterator = iter(loader)
-        yield from iterator
-    except (UserError, Stalled) as e:
-        said = said_in_worker(e)
-        if said is None:
-            raise
-        raise type(e)(said) from None
-    except RuntimeError as e:
-        if "DataLoader timed out" not in str(e):
-            raise
-        raise Stalled(
-            f"the {split} loader's workers sent no batch in {loader.timeout} s (loader.timeout_s): one is stuck "
-            "(a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), or the data "
-            "is slower than that: raise loader.timeout_s"
-        ) from None
+    with stop_signals_blocked():  # spawned workers inherit the mask (see worker_context)
+        iterator = iter(loader)
+    yield from iterator
 
 
 def said_in_worker(e: Exception) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import dist
+from .. import dist, shm
 from .source import Source, data_settings
 
 AUTO = "auto"
@@ -37,6 +37,7 @@ def fingerprint(cfg, dataset) -> dict:
         "batch_size": cfg.loader.batch_size,
         "cpus": dist.usable_cpus(),
         "processes_per_node": dist.processes_per_node(),
+        "shm_mb": None if (room := shm.space()) is None else round(room.size / 2**20),  # /dev/shm caps the settings
         "torch": str(torch.__version__),
     }
 
