@@ -286,6 +286,7 @@ COMMON_DATA_MODULES = {
     "sample.py",
     "source.py",
     "loader.py",
+    "workers.py",
     "budget.py",
     "tuned.py",
     "synthetic.py",

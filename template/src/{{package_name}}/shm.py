@@ -20,9 +20,11 @@
 # - a worker that still finds no room (something else filled /dev/shm since) removes the file
 #   torch failed to fill (:func:`remove_failed`) and stops with the same kind of line;
 # - each process of this project that may create blocks leaves a mark in /dev/shm while it
-#   runs (:func:`mark_process`), and a start removes the blocks of marked processes that died
-#   without removing them (killed at the wrong moment: :func:`clear_dead`). Blocks of processes
-#   that are not this project's are never touched.
+#   runs (:func:`mark_process`), and its multiprocessing semaphores (the loaders' queues' locks,
+#   which Python's resource tracker removes, unless a kill of the process group took it too) are
+#   named after it (:func:`name_semaphores`); a start removes what marked processes that died
+#   left there (:func:`clear_dead`). Files of processes that are not this project's are never
+#   touched.
 #
 # Where there is no /dev/shm (macOS, Windows) none of this applies: :func:`space` is None.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
 import os
 import re
 from dataclasses import dataclass
@@ -55,8 +58,9 @@ class Space:
     free: int
 
 
-def space(path: str = PATH) -> Space | None:
+def space() -> Space | None:
     """/dev/shm's size and free bytes; ``None`` where there is none (macOS, Windows: no such limit)."""
+    path = PATH
     if not os.path.isdir(path):
         return None
     try:
@@ -195,7 +199,7 @@ def remove_failed(error: BaseException) -> str | None:
     if found is None:
         return None
     with contextlib.suppress(OSError):
-        os.unlink(PATH + found.group(1))
+        os.unlink(os.path.join(PATH, found.group(1).lstrip("/")))
     return found.group(1)
 
 
@@ -221,6 +225,17 @@ def mark_process(prefix: str) -> str | None:
     return path
 
 
+def name_semaphores(prefix: str) -> None:
+    """Name this process's multiprocessing semaphores (the locks of the loaders' queues: files
+    ``sem.mp-*`` in /dev/shm) after it, as :func:`mark_process` names a process: Python's resource
+    tracker removes them when the process ends, but a kill of its process group kills the tracker too,
+    and :func:`clear_dead` then finds them by the name. Where multiprocessing keeps no such prefix
+    (its ``_config``, a private dict), they keep its own names."""
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if isinstance(config, dict) and "semprefix" in config:
+        config["semprefix"] = "/mp-" + MARK.format(prefix=prefix, namespace=_namespace(), pid=os.getpid())
+
+
 def unmark(path: str | None) -> None:
     if path is not None:
         with contextlib.suppress(OSError):
@@ -228,27 +243,29 @@ def unmark(path: str | None) -> None:
 
 
 def clear_dead(prefix: str) -> tuple[int, int]:
-    """Remove the blocks of this project's processes that died without removing them (a process marked
-    by :func:`mark_process`, in this pid namespace, that no longer runs), and their marks.
+    """Remove what this project's processes that died left in /dev/shm: the blocks of a process marked by
+    :func:`mark_process` (in this pid namespace) that no longer runs, the semaphores named after one
+    (:func:`name_semaphores`), and their marks.
 
-    Returns ``(files, bytes)`` removed. Blocks of other processes are never touched.
+    Returns the ``(files, bytes)`` of blocks and semaphores removed. Other programs' files are never touched.
     """
     if space() is None:
         return 0, 0
-    mark = re.compile(re.escape(MARK.format(prefix=prefix, namespace=_namespace(), pid="")) + r"(\d+)")
+    ours = re.escape(MARK.format(prefix=prefix, namespace=_namespace(), pid=""))
+    mark, semaphore = re.compile(ours + r"(\d+)"), re.compile(r"sem\.mp-" + ours + r"(\d+)-.+")
     try:
         names = os.listdir(PATH)
     except OSError:
         return 0, 0
-    dead = set()
+    owners = {}  # name -> (the pid it belongs to, whether it says that pid is ours)
     for name in names:
-        found = mark.fullmatch(name)
-        if found and not alive(int(found.group(1))):
-            dead.add(int(found.group(1)))
+        for pattern, says in ((mark, True), (semaphore, True), (TORCH_BLOCK, False)):
+            if found := pattern.fullmatch(name):
+                owners[name] = (int(found.group(1)), says)
+                break
+    dead = {pid for pid, says in owners.values() if says and not alive(pid)}
     files = size = 0
-    for name in names:
-        block, marked = TORCH_BLOCK.fullmatch(name), mark.fullmatch(name)
-        pid = int(block.group(1)) if block else int(marked.group(1)) if marked else None
+    for name, (pid, _) in owners.items():
         if pid not in dead:
             continue
         path = os.path.join(PATH, name)
@@ -257,7 +274,7 @@ def clear_dead(prefix: str) -> tuple[int, int]:
             os.unlink(path)
         except OSError:  # gone meanwhile (another rank cleared it)
             continue
-        if block:
+        if not mark.fullmatch(name):
             files, size = files + 1, size + nbytes
     return files, size
 

@@ -172,7 +172,7 @@ class Loader(StatefulDataLoader):
         try:
             batches = super().__iter__()  # the workers start here, not at the first batch (signal masks)
         except Exception as e:  # a worker could not get its work: a lambda in a transform, an open handle
-            parts = {"the dataset": self.dataset, "the collate_fn": self.collate_fn}
+            parts = {"dataset": self.dataset, "collate_fn": self.collate_fn}
             method = getattr(self.multiprocessing_context, "get_start_method", lambda: "?")()
             problem = unpicklable(e, self.split, parts, method)
             if problem is None:

@@ -136,6 +136,7 @@ def worker_context(method: str = "auto"):
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     ctx = multiprocessing.get_context(method)
+    shm.name_semaphores(project.PACKAGE)  # a start clears those a killed run left (its queues' locks)
     _end_workers_at_exit()
     # NOTE [ Workers start with the stop signals blocked ]
     # A signal sent to a rank's whole process group (torchrun's, Slurm's, Ctrl-C's) stops the
@@ -269,7 +270,7 @@ def unpicklable(error: BaseException, split: str, parts: dict[str, Any], method:
         if found is not None:
             path, obj = found
             return UserError(
-                f"the {split} loader's workers (loader.start_method={method}) get {name} by pickling, and {path} "
+                f"the {split} loader's workers (loader.start_method={method}) get the {name} by pickling, and {path} "
                 f"cannot be pickled: {_what(obj)}"
             )
     return UserError(f"the {split} loader's workers (loader.start_method={method}) cannot get their work: {error}")
