@@ -426,6 +426,30 @@ def test_pyproject(project: Rendered) -> None:
     assert "torch>=2.5" in pyproject["project"]["dependencies"]
 
 
+def test_a_container_recipe_users_can_copy(project: Rendered) -> None:
+    """The Dockerfile installs this package and runs its CLI; the README's `docker run` gives /dev/shm room
+    (and the GPUs with GPU answers); its table maps what a container's user sees to the cause and the fix."""
+    dockerfile = project.files["Dockerfile"].decode("utf-8")
+    steps = [line.split(None, 1) for line in dockerfile.splitlines() if line and not line.startswith("#")]
+    assert steps[0][0] == "FROM" and steps[-1] == ["CMD", '["train"]'], steps
+    assert ["ENTRYPOINT", f'["python", "-m", "{project.package}"]'] in steps
+    for copied in (words.split()[:-1] for op, words in steps if op == "COPY"):
+        assert all(name in project.files or any(f.startswith(name + "/") for f in project.files) for name in copied)
+    index = next(words for op, words in steps if op == "ARG" and words.startswith("TORCH_INDEX="))
+    assert ("whl/cpu" in index) == (project.answers["num_gpus"] == 0), index
+    ignored = project.files[".dockerignore"].decode("utf-8").split()
+    assert {"data", "runs", ".git", ".venv"} <= set(ignored)
+    readme = project.files["README.md"].decode("utf-8")
+    runs = [line for line in readme.splitlines() if line.startswith("docker run")]
+    assert any("--shm-size=" in line for line in runs) and any("--ipc=host" in line for line in runs), runs
+    assert all(("--gpus all" in line) == (project.answers["num_gpus"] > 0) for line in runs), runs
+    assert "emptyDir: {medium: Memory" in readme and "mountPath: /dev/shm" in readme
+    table = readme.split("## When something goes wrong", 1)[1].split("\n## ", 1)[0]
+    for symptom in ("Bus error", "No space left on device", "killed by SIGKILL", "sent no batch", "waits for data"):
+        assert any(row.startswith("| ") and symptom in row.split(" | ")[0] for row in table.splitlines()), symptom
+    assert f"{project.package.upper()}_START_METHOD=spawn" in readme and "loader.start_method=spawn" in readme
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
 def test_rendered_project_tests_pass(project: Rendered) -> None:
@@ -472,7 +496,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
-        selection = ["-m", "slow or not slow", "-k", f"not 200_short{two_nodes_kill}"]
+        # its fast tests run under spawn (test_rendered_fast_suite_passes_under_spawn)
+        selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
@@ -486,6 +511,29 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     )
     assert result.returncode == 0, (
         f"the rendered project's tests failed (exit {result.returncode}):\n{tail(result.stdout)}"
+    )
+    assert re.search(r"\b\d+ passed\b", result.stdout), f"no test passed:\n{tail(result.stdout)}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
+def test_rendered_fast_suite_passes_under_spawn(project: Rendered) -> None:
+    """The folder image project's fast suite, its `common` tests included, with every worker started by
+    spawn (how macOS and Windows start them): `<PACKAGE>_START_METHOD=spawn`, which `loader.start_method=auto`
+    reads. Its slow tests run with the forkserver (test_rendered_project_tests_pass), as do the other
+    image projects' fast suites."""
+    source = project.answers.get("stream_backend") or project.answers["data_source"]
+    if (source, project.answers["data_format"], project.answers["num_gpus"]) != ("folder", "image", 0):
+        pytest.skip("the start method does not depend on the source or the format: one project runs it")
+    env = {**project_env(project.path), f"{project.package.upper()}_START_METHOD": "spawn"}
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow"],
+        project.path,
+        env=env,
+        timeout=RENDERED_TESTS_TIMEOUT_S,
+    )
+    assert result.returncode == 0, (
+        f"the fast suite failed under spawn (exit {result.returncode}):\n{tail(result.stdout)}"
     )
     assert re.search(r"\b\d+ passed\b", result.stdout), f"no test passed:\n{tail(result.stdout)}"
 
