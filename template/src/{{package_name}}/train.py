@@ -178,8 +178,9 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
 @contextlib.contextmanager
 def worker_lost_named(loaders: dict, run_dir: Path) -> Iterator[None]:
     """A loader worker that died (workers.py: NOTE [ A worker that dies is named ]) is one line naming it and
-    the checkpoint a rerun resumes from. torch's own error of one it started itself (spawn) may come from a
-    signal handler at any point of the loop: it is named here too."""
+    the checkpoint a rerun resumes from. Where torch's own SIGCHLD handler still runs (data/loader.py: NOTE
+    [ A dead worker is named where the loader waits ]), its error may come from any point of the loop: it
+    is named here too."""
     try:
         yield
     except (WorkerLost, RuntimeError) as e:

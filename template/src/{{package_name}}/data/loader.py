@@ -21,6 +21,8 @@ import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader, stateful_dataloader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from .. import dist, handoff, project, shm
@@ -160,59 +162,111 @@ class Loader(StatefulDataLoader):
     dies is named ]); a mistake a worker found comes out as it was raised there.
 
     Args:
-        split (str): what its messages call it (``"train"``, ``"val"``).
-        timeout (float): seconds its workers may send no batch before :class:`Stalled` (0: forever).
+        split (str): what its messages call it (``"train"``, ``"val"``); the rest are StatefulDataLoader's
+            (``timeout``: seconds its workers may send no batch before :class:`Stalled`; 0: forever).
     """
 
-    def __init__(self, *args, split: str = "train", timeout: float = 0, **kwargs) -> None:
-        self.split, self.patience = split, timeout
-        super().__init__(*args, timeout=min(timeout, CHECK_S) if timeout else 0, **kwargs)
+    def __init__(self, *args, split: str = "train", **kwargs) -> None:
+        self.split = split
+        super().__init__(*args, **kwargs)
+
+    def _get_iterator(self):
+        if self.num_workers == 0 or _WatchfulIterator is None:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        iterator = _WatchfulIterator(self, self.next_iter_state)
+        self.next_iter_state = None
+        return iterator
 
     def __iter__(self) -> Iterator[dict]:
         try:
             batches = super().__iter__()  # the workers start here, not at the first batch (signal masks)
-        except Exception as e:  # a worker could not get its work: a lambda in a transform, an open handle
-            parts = {"dataset": self.dataset, "collate_fn": self.collate_fn}
-            method = getattr(self.multiprocessing_context, "get_start_method", lambda: "?")()
-            problem = unpicklable(e, self.split, parts, method)
-            if problem is None:
+        except Exception as e:  # a worker could not get its work (a lambda in a transform), or died starting
+            if (problem := _said(self, e)) is e:
                 raise
             raise problem from None
+        if self.num_workers and _WatchfulIterator is not None:
+            _no_raise_on_sigchld()
         return _received(_patient(self, batches))
 
 
+def _no_raise_on_sigchld() -> None:
+    """Take torch's SIGCHLD handler back out of this process, once a loader's wait looks at its workers.
+
+    # NOTE [ A dead worker is named where the loader waits ]
+    # For workers it started itself (spawn), torch's handler raises its "DataLoader worker ... is
+    # killed by signal" in the main thread wherever that thread is when SIGCHLD comes: in the middle
+    # of a checkpoint's write (torch.save then fails on its own half-written file, and its error
+    # hides torch's), a collective, the model's step. The loader's wait (_WatchfulIterator) looks
+    # at its workers every CHECK_S seconds, forkserver's and spawn's alike: a dead worker is named
+    # there, between steps, a few seconds later at most.
+    """
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGCHLD)
+    if getattr(handler, "__module__", None) == "torch.utils.data._utils.signal_handling":
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def _watchful(base):
+    """torchdata's iterator over workers, whose wait for a batch with a timeout looks at the workers every
+    CHECK_S seconds, as torch's does without one (``_try_get_data`` in a loop): torch looks at them
+    only once the whole timeout has passed, so a worker killed a minute into a 600 s timeout would
+    be named ten minutes later. ``None`` where torchdata has no such iterator: the loaders then wait
+    torch's way (a dead worker named once ``loader.timeout_s`` has passed)."""
+    if base is None or not all(hasattr(base, name) for name in ("_get_data", "_try_get_data")):
+        return None
+
+    class WatchfulIterator(base):
+        def _get_data(self):
+            if self._timeout <= 0:
+                return super()._get_data()
+            deadline = time.monotonic() + self._timeout
+            while True:  # _try_get_data raises naming the workers that died, after each spell
+                success, data = self._try_get_data(max(0.0, min(CHECK_S, deadline - time.monotonic())))
+                if success:
+                    return data
+                if self._pin_memory and not self._pin_memory_thread.is_alive():
+                    raise RuntimeError("Pin memory thread exited unexpectedly")
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+
+    return WatchfulIterator
+
+
+_WatchfulIterator = _watchful(getattr(stateful_dataloader, "_StatefulMultiProcessingDataLoaderIter", None))
+
+
 def _patient(loader: Loader, batches: Iterator[dict]) -> Iterator[dict]:
-    """``batches``, each waited for in spells of at most CHECK_S seconds, after each of which torch looks
-    at the workers, up to the loader's timeout; torch's errors of its workers said in one line."""
+    """``batches``, torch's errors of the workers said in one line (:func:`_said`)."""
     while True:
-        started = time.monotonic()
         try:
-            while True:
-                try:
-                    batch = next(batches)
-                    break
-                except RuntimeError as e:  # torch found the workers alive: wait on, up to the timeout
-                    if "DataLoader timed out" not in str(e) or time.monotonic() - started >= loader.patience:
-                        raise
+            batch = next(batches)
         except StopIteration:
             return
-        except (UserError, Stalled) as e:  # a mistake or an outage a worker found: as it was raised there
-            said = said_in_worker(e)
-            if said is None:
-                raise
-            raise type(e)(said) from None
-        except RuntimeError as e:
-            if "DataLoader timed out" in str(e):
-                raise Stalled(
-                    f"the {loader.split} loader's workers sent no batch in {loader.patience} s (loader.timeout_s): "
-                    "one is stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows "
-                    "where), or the data is slower than that: raise loader.timeout_s"
-                ) from None
-            problem = lost(e, {loader.split: loader})
-            if problem is None:
+        except Exception as e:
+            if (problem := _said(loader, e)) is e:
                 raise
             raise problem from None
         yield batch
+
+
+def _said(loader: Loader, e: Exception) -> Exception:
+    """What ``e``, raised while ``loader`` waited for its workers, means in one line (else ``e`` itself):
+    a mistake or an outage a worker found, as it was raised there; workers that sent nothing for
+    ``loader.timeout_s``; a worker that died (workers.lost); a worker that could not get its work."""
+    if isinstance(e, (UserError, Stalled)):
+        said = said_in_worker(e)
+        return e if said is None else type(e)(said)
+    if isinstance(e, RuntimeError) and "DataLoader timed out" in str(e):
+        return Stalled(
+            f"the {loader.split} loader's workers sent no batch in {loader.timeout} s (loader.timeout_s): one is "
+            "stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), or "
+            "the data is slower than that: raise loader.timeout_s"
+        )
+    method = getattr(loader.multiprocessing_context, "get_start_method", lambda: "?")()
+    parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn}
+    return lost(e, {loader.split: loader}) or unpicklable(e, loader.split, parts, method) or e
 
 
 def _received(batches: Iterator[dict]) -> Iterator[dict]:
@@ -374,12 +428,12 @@ def plan_shared_memory(loaders: list[tuple[Any, Any, str]], processes: int | Non
     return blocks
 
 
-_said: set[str] = set()
+_logged: set[str] = set()
 
 
 def _say_once(line: str) -> None:
-    if line not in _said:
-        _said.add(line)
+    if line not in _logged:
+        _logged.add(line)
         log.info("%s", line)
 
 
