@@ -81,7 +81,8 @@ def under(size: str | None, argv: list[str], project: Path, timeout: float = 900
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     if size is not None:
         quoted = " ".join(f"'{a}'" for a in argv)
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {quoted}"]  # fmt: skip
+        mount = f"mount -t tmpfs -o size={size} tmpfs /dev/shm"
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", f"{mount} && exec {quoted}"]
     return subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -98,7 +99,9 @@ def main() -> None:
     data, cache = work / "photos", work / "cache"
     photos.write_photos(data, train=args.images * 5 // 6, val=args.images // 6)
     common = [f"data.root={data}", "loader.tuned=", *SETTINGS]
-    packed = under(None, [sys.executable, "-m", PACKAGE, "pack", "--to", "cache", "--out", str(cache), *common], project)
+    packed = under(
+        None, [sys.executable, "-m", PACKAGE, "pack", "--to", "cache", "--out", str(cache), *common], project
+    )
     assert packed.returncode == 0, packed.stdout + packed.stderr
     (project / "probe.py").write_text(PROBE)
     loaders = {"folder": common, "cache": [*common, f"data.cache={cache}"]}
@@ -110,11 +113,21 @@ def main() -> None:
         for kind, what, size in order:
             name = f"{kind} {what}, {size}"
             if kind == "loader":
-                result = under(SIZES[size], [sys.executable, "probe.py", *loaders[what], "loader.persistent_workers=true"], project)
+                result = under(
+                    SIZES[size], [sys.executable, "probe.py", *loaders[what], "loader.persistent_workers=true"], project
+                )
                 value = json.loads(result.stdout.splitlines()[-1]) if result.returncode == 0 else None
             else:
                 run_dir = work / f"run-{what}-{size.replace(' ', '')}-{r}"
-                argv = [sys.executable, "-m", PACKAGE, "train", *loaders[what], f"train.run_dir={run_dir}", "train.epochs=1"]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    PACKAGE,
+                    "train",
+                    *loaders[what],
+                    f"train.run_dir={run_dir}",
+                    "train.epochs=1",
+                ]
                 result = under(SIZES[size], argv, project)
                 value = None
                 if result.returncode == 0:
