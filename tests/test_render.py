@@ -496,7 +496,7 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
-        # its fast tests run under spawn (test_rendered_fast_suite_passes_under_spawn)
+        # its fast tests run under spawn (test_spawn.py)
         selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train"
@@ -511,29 +511,6 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     )
     assert result.returncode == 0, (
         f"the rendered project's tests failed (exit {result.returncode}):\n{tail(result.stdout)}"
-    )
-    assert re.search(r"\b\d+ passed\b", result.stdout), f"no test passed:\n{tail(result.stdout)}"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(RENDERED_TESTS_TIMEOUT_S + 60)
-def test_rendered_fast_suite_passes_under_spawn(project: Rendered) -> None:
-    """The folder image project's fast suite, its `common` tests included, with every worker started by
-    spawn (how macOS and Windows start them): `<PACKAGE>_START_METHOD=spawn`, which `loader.start_method=auto`
-    reads. Its slow tests run with the forkserver (test_rendered_project_tests_pass), as do the other
-    image projects' fast suites."""
-    source = project.answers.get("stream_backend") or project.answers["data_source"]
-    if (source, project.answers["data_format"], project.answers["num_gpus"]) != ("folder", "image", 0):
-        pytest.skip("the start method does not depend on the source or the format: one project runs it")
-    env = {**project_env(project.path), f"{project.package.upper()}_START_METHOD": "spawn"}
-    result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow"],
-        project.path,
-        env=env,
-        timeout=RENDERED_TESTS_TIMEOUT_S,
-    )
-    assert result.returncode == 0, (
-        f"the fast suite failed under spawn (exit {result.returncode}):\n{tail(result.stdout)}"
     )
     assert re.search(r"\b\d+ passed\b", result.stdout), f"no test passed:\n{tail(result.stdout)}"
 
