@@ -408,6 +408,7 @@ def run_bench(
         "chosen_point": chosen,
         "default_rule": asdict(base),
     }
+    handoff.forget_exited()  # the sweep's loaders have ended: their blocks are free again
     if (room := shm.space()) is not None:  # what /dev/shm allows (shm.py): each point's need, the settings skipped
         report["shm"] = {"size_mb": round(room.size / 1e6, 1), "free_mb": round(room.free / 1e6, 1), "skipped": skipped}
     if not quick and chosen["num_workers"] > 0:

@@ -406,10 +406,10 @@ def plan_shared_memory(loaders: list[tuple[Any, Any, str]], processes: int | Non
     Raises :class:`SharedMemoryFull` (one line: /dev/shm's size, what the settings need, the fixes)
     when a loader's workers cannot run there even without a pool.
     """
+    handoff.forget_exited()  # the blocks of workers that ended are free, before /dev/shm's room is read
     room = shm.space()
     if room is None:  # no /dev/shm (macOS, Windows): no limit of this kind
         return [handoff.MOST_BLOCKS] * len(loaders)
-    handoff.forget_exited()  # the blocks of workers that ended are free
     files, size = shm.clear_dead(project.PACKAGE)
     if files:
         where = (files, shm.mb(size), shm.PATH)
