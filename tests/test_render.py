@@ -266,7 +266,7 @@ VARIANT_MARKERS = [
     ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
     ("stream_backend", {"http"}, [r"base64"]),
     ("source", {"http", "shards"}, [r"\bhttp"]),  # shards may be read from http(s) URLs
-    ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json"]),
+    ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json", r"boto3", r"moto"]),
     ("data_source", {"stream", "shards"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
     ("data_source", {"folder"}, [r"FolderSource"]),
     ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
@@ -278,7 +278,7 @@ EXPECTED_DATA_MODULES = {
     "folder": {"folder.py", "folder_index.py"},
     "sqlite": {"sqlite.py", "database.py", "iterable.py"},
     "http": {"http.py", "database.py", "serve.py", "iterable.py"},
-    "shards": {"shards.py", "shard_reader.py", "folder_index.py", "iterable.py"},
+    "shards": {"shards.py", "shard_reader.py", "s3.py", "folder_index.py", "iterable.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",
