@@ -337,7 +337,7 @@ def test_the_config_command_prints_every_key_with_its_value_and_meaning(project:
     tree = yaml.safe_load(config.as_yaml(cfg))
     assert {f"{s}.{k}": v for s, keys in tree.items() for k, v in keys.items()} == truth
     table = config.as_markdown(cfg)
-    assert len(re.findall(r"^\| `[a-z_]+\.[a-z_]+` \| `", table, flags=re.MULTILINE)) == len(truth)
+    assert len(re.findall(r"^\| `[a-z_]+\.[a-z0-9_]+` \| `", table, flags=re.MULTILINE)) == len(truth)
 
 
 # What reading the config may import of the project: the config's own modules and the seams it reads
@@ -384,7 +384,7 @@ def dataclass_defaults(project: Rendered) -> dict[str, object]:
 
 def readme_defaults(text: str) -> dict[str, object]:
     """A table of keys and defaults in the README: ``section.key`` -> its default cell, read as YAML."""
-    rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", text, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z0-9_]+)` \| `([^`]*)` \|", text, flags=re.MULTILINE)
     return {key: yaml.safe_load(cell) for key, cell in rows}
 
 
