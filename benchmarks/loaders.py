@@ -1,6 +1,6 @@
 """Every loader side by side, alternating, on photos of realistic size; writes a table and a chart.
 
-    .venv/bin/python benchmarks/loaders.py [--images 2400] [--rounds 3] [--out benchmarks/results]
+    .venv/bin/python benchmarks/loaders.py [--images 2400] [--rounds 3] [--out benchmarks/results] [--only GROUPS]
 
 Renders an image project per source (folder, shards, stream/sqlite) from this checkout
 (uncommitted changes included, as copier does for a dirty local template), then on the same
@@ -18,7 +18,11 @@ data measures, at 224 px crops from 400-600 px JPEG photos (photos.py):
 
 at 64 px on each project's own ``sample-data``: folder, stream/sqlite, shards, plain WebDataset;
 full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop; and the workers' crop
-against torchvision's on the same boxes (PSNR against a Lanczos-3 resize, 100 photos). Every loader has
+against torchvision's on the same boxes (PSNR against a Lanczos-3 resize, 100 photos); and the
+224 px shards over two whole epochs each (group ``epochs``), read locally and from moto's S3 server
+on loopback (``python -m moto.server``, bucket ``bench``) with the node's shard cache and without
+(``data.cache_limit=0``), each run from an empty ``data.cache_dir``: the first epoch downloads, the
+second reads the cache. Every loader has
 the same num_workers, prefetch_factor 2, persistent workers and batch size. Each measurement is
 its own process (probe.py); a round runs every row once, the rounds start at a different row,
 and the report gives each row's median and each ratio's median over the rounds' side-by-side
@@ -26,6 +30,10 @@ pairs, so other jobs on the machine slow all rows alike. Each run also reads its
 CPU time against the whole machine's (the load of other jobs), and the folder and cache loaders'
 runs their workers' memory over their first epoch. Writes ``OUT/loaders.md`` (tables, goals,
 machine), ``OUT/loaders.png`` and ``OUT/loaders.json`` (every run).
+
+``--only epochs`` (groups, comma-separated: 224, limit, 64, decode, quality, handoff, epochs) runs
+those groups' rows alone, preparing only what they read, and writes ``OUT/loaders-<groups>.md``
+and ``.json`` (no chart), leaving ``loaders.md``, ``.json`` and ``.png`` as they are.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +65,20 @@ import results  # noqa: E402
 REPO = HERE.parent
 PACKAGE = "bench_project"
 SOURCES = ("folder", "shards", "stream")
+GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "epochs")
+# What prepare writes for each group's rows: rendered projects (by source) and data.
+NEEDS = {
+    "224": {"folder", "shards", "photos", "shards224", "cache224"},
+    "limit": {"folder", "shards", "photos", "shards224", "cache224"},
+    "64": {"folder", "shards", "stream", "small"},
+    "decode": {"folder", "large"},
+    "quality": {"folder", "photos"},
+    "handoff": set(),
+    "epochs": {"shards", "photos", "shards224"},
+}
+BUCKET = "bench"
+S3_ROOT = f"s3://{BUCKET}/shards224"  # the 224 px shards (data["shards224"]) uploaded to moto's server
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @dataclass
@@ -63,12 +86,13 @@ class Row:
     """One line of the report: what runs (``spec`` for probe.py) and, per round, what it measured."""
 
     name: str
-    group: str  # "224", "64": loaders at that size; "limit": their limits; "decode", "quality", "handoff"
+    group: str  # "224", "64": loaders at that size; "limit": their limits; "decode", "quality", "handoff", "epochs"
     spec: dict
     project: str | None = None  # the rendered project on PYTHONPATH (None: plain torchvision/webdataset)
     pending: str = ""  # why it cannot run yet (reported, not run)
     runs: list = field(default_factory=list)  # a result dict per round, or None where it failed
     errors: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # more environment for its probe (credentials for moto's S3 server)
 
 
 def render(dest: Path, source: str) -> Path:
@@ -128,6 +152,51 @@ def serve(directory: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit(f"the loopback HTTP server on port {port} did not answer")
 
 
+def start_s3(shards: Path) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on loopback, in a process group of its own, with bucket ``bench`` holding every file
+    under ``shards`` (train/, val/, their ``_index.json``) at ``S3_ROOT``; returns it and its URL once it answers."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if server.poll() is not None:
+                raise RuntimeError(f"moto's server exited ({server.returncode}): pip install 'moto[server]'")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                conn.request("GET", "/")
+                conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"moto's server on port {port} did not answer within 30 s")
+        keys = {k.lower(): v for k, v in S3_ENV.items()}
+        client = boto3.session.Session(region_name=keys.pop("aws_default_region")).client(
+            "s3", endpoint_url=url, **keys
+        )
+        client.create_bucket(Bucket=BUCKET)
+        prefix = S3_ROOT.removeprefix(f"s3://{BUCKET}/")
+        files = sorted(f for f in shards.rglob("*") if f.is_file())
+        for f in files:
+            client.upload_file(str(f), BUCKET, f"{prefix}/{f.relative_to(shards).as_posix()}")
+        if not any(f.name == "_index.json" for f in files):
+            raise RuntimeError(f"no _index.json under {shards}")
+    except BaseException:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        raise
+    return server, url
+
+
 def task_lacks(project: Path, method: str) -> bool:
     """Whether the rendered image task has no method ``method`` (a part another change brings): in task.py, or
     in sample_format.py, the format class it subclasses (since v0.3.0)."""
@@ -136,47 +205,58 @@ def task_lacks(project: Path, method: str) -> bool:
     return not re.search(rf"\n    def {method}\(", text)
 
 
-def prepare(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
-    """Render the projects and write the data; returns the projects and the data's paths.
+def prepare(work: Path, args: argparse.Namespace, groups: tuple[str, ...] = GROUPS) -> tuple[dict, dict]:
+    """Render the projects and write the data the rows of ``groups`` read; returns the projects and the
+    data's paths (also of what was not needed, unwritten).
 
     ``data["failed"]`` maps the path of what could not be written to why: the rows reading it
     are reported as pending.
     """
+    need = set().union(*(NEEDS[g] for g in groups))
     t0 = time.perf_counter()
-    projects = {s: render(work / f"project-{s}", s) for s in SOURCES}
-    print(f"rendered {', '.join(SOURCES)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    sources = [s for s in SOURCES if s in need]
+    projects = {s: render(work / f"project-{s}", s) for s in sources}
+    print(f"rendered {', '.join(sources)} in {time.perf_counter() - t0:.0f} s", flush=True)
     data: dict = {"photos": work / "photos", "shards224": work / "www" / "shards224", "cache224": work / "cache224"}
     data["failed"] = failed = {}
-    size = photos.write_photos(data["photos"], args.images, max(photos.CLASSES, args.images // 10))
-    data["photo_mb"] = size / 1e6
-    print(f"wrote {args.images} train photos ({size / 1e6:.0f} MB with val) in {time.perf_counter() - t0:.0f} s")
+    data["photo_mb"] = None
+    if "photos" in need:
+        size = photos.write_photos(data["photos"], args.images, max(photos.CLASSES, args.images // 10))
+        data["photo_mb"] = size / 1e6
+        print(f"wrote {args.images} train photos ({size / 1e6:.0f} MB with val) in {time.perf_counter() - t0:.0f} s")
     argv = ["pack", "--to", "shards", "--src", str(data["photos"]), "--out", str(data["shards224"])]
     argv += ["--max-samples", str(max(1, -(-args.images // args.shards))), "data.image_size=224"]
-    if why := command(projects["shards"], argv, work):
+    if "shards224" in need and (why := command(projects["shards"], argv, work)):
         failed[str(data["shards224"])] = f"`pack --to shards` fails: {why}"
-    lacking = [m for m in ("decode_for_cache", "from_cache") if task_lacks(projects["folder"], m)]
-    if lacking:
-        failed[str(data["cache224"])] = f"the image task has no {' or '.join('Task.' + m for m in lacking)} yet"
-    else:
+    if "cache224" in need:
+        lacking = [m for m in ("decode_for_cache", "from_cache") if task_lacks(projects["folder"], m)]
         argv = ["pack", "--to", "cache", "--out", str(data["cache224"]), f"data.root={data['photos']}"]
-        if why := command(projects["folder"], [*argv, "data.image_size=224"], work):
+        if lacking:
+            failed[str(data["cache224"])] = f"the image task has no {' or '.join('Task.' + m for m in lacking)} yet"
+        elif why := command(projects["folder"], [*argv, "data.image_size=224"], work):
             failed[str(data["cache224"])] = f"`pack --to cache` fails: {why}"
         else:
             data["cache_mb"] = sum(f.stat().st_size for f in (data["cache224"] / "train").iterdir()) / 1e6
-    print(f"packed shards and the cache in {time.perf_counter() - t0:.0f} s", flush=True)
+    if need & {"shards224", "cache224"}:
+        packed = " and ".join(k for k, v in (("shards", "shards224"), ("the cache", "cache224")) if v in need)
+        print(f"packed {packed} in {time.perf_counter() - t0:.0f} s", flush=True)
     for source in SOURCES:  # each project's own sample-data: the same images
         out = data[f"small_{source}"] = work / ("small.sqlite" if source == "stream" else f"small-{source}")
         argv = ["sample-data", "--per-class", str(args.small_per_class), "--out", str(out), "data.image_size=64"]
-        if why := command(projects[source], argv, work):
+        if "small" in need and (why := command(projects[source], argv, work)):
             failed[str(out)] = f"`sample-data` of the {source} project fails: {why}"
-    data["large"] = [str(p) for p in photos.write_large(work / "large", args.large)]
+    data["large"] = [str(p) for p in photos.write_large(work / "large", args.large)] if "large" in need else []
     data["quality"] = [str(p) for p in sorted(Path(data["photos"], "train").glob("*/*.jpg"))[: args.quality_photos]]
     print(f"data ready in {time.perf_counter() - t0:.0f} s", flush=True)
     return projects, data
 
 
-def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]:
-    """The report's rows, in the order a round runs them (each round starts one further on)."""
+def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -> list[Row]:
+    """The report's rows, in the order a round runs them (each round starts one further on).
+
+    ``server``: the loopback HTTP server and its port; ``s3``: moto's S3 server and its URL (either
+    ``(None, None)`` when no row of the run reads from it).
+    """
     common = {"workers": args.workers, "batch_size": args.batch_size, "seconds": args.seconds}
     cores = len(os.sched_getaffinity(0))
     photo_root, shards_root = str(data["photos"]), str(data["shards224"])
@@ -186,6 +266,8 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
     device_decode = [*folder, "data.augment_on=device", "data.decode_on=device"]
     shards = [f"data.root={shards_root}", "data.image_size=224"]
     remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
+    bucket = [f"data.root={S3_ROOT}", f"data.s3_endpoint={s3[1]}", "data.image_size=224"]
+    moto = {"extra_pids": [s3[0].pid] if s3[0] else [], "needs": shards_root}
 
     def small(source: str) -> list[str]:
         return [f"data.root={data['small_' + source]}", "data.image_size=64"]
@@ -209,7 +291,12 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
         loader("folder, crop and decode on the device (the CPU here)", "224", "folder", device_decode, to_device=True),
         loader("shards, local (rendered)", "224", "shards", shards),
         loader(
-            "shards, loopback HTTP (rendered)", "224", "shards", remote, extra_pids=[server[0].pid], needs=shards_root
+            "shards, loopback HTTP (rendered)",
+            "224",
+            "shards",
+            remote,
+            extra_pids=[server[0].pid] if server[0] else [],
+            needs=shards_root,
         ),
         plain("ImageFolder: decode_image, v2 on tensors", "imagefolder", photo_root, 224, decoder="tensor"),
         plain("ImageFolder: PIL loader, v2 on PIL", "imagefolder", photo_root, 224, decoder="pil"),
@@ -244,6 +331,23 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple) -> list[Row]
             None,
         ),
     ]
+    rows += [
+        Row("shards, local (rendered)", "epochs", {"kind": "epochs", "overrides": shards, **common}, "shards"),
+        Row(
+            "shards, S3 on loopback (rendered)",
+            "epochs",
+            {"kind": "epochs", "overrides": bucket, **common, **moto},
+            "shards",
+            env=S3_ENV,
+        ),
+        Row(
+            "shards, S3 on loopback, no cache (data.cache_limit=0)",
+            "epochs",
+            {"kind": "epochs", "overrides": [*bucket, "data.cache_limit=0"], **common, **moto},
+            "shards",
+            env=S3_ENV,
+        ),
+    ]
     for row in rows:
         spec = json.dumps(row.spec)
         row.pending = next((why for path, why in data["failed"].items() if json.dumps(path)[1:-1] in spec), "")
@@ -256,7 +360,7 @@ def run_probe(row: Row, projects: dict, work: Path) -> dict:
     out = subprocess.run(
         [sys.executable, str(HERE / "probe.py"), json.dumps(row.spec)],
         cwd=work,
-        env=project_env(project),
+        env={**project_env(project), **row.env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -286,6 +390,8 @@ def measure(rows: list[Row], projects: dict, work: Path, rounds: int) -> None:
                 row.runs.append(None)
             row.runs.append(result)
             speed = f"{result['samples_per_s']:.0f} samples/s" if result else f"failed: {row.errors[-1][:200]}"
+            if result and "epoch_samples_per_s" in result:
+                speed = " then ".join(f"{x:.0f}" for x in result["epoch_samples_per_s"]) + " samples/s by epoch"
             print(f"  round {k + 1}: {row.group:>6} {row.name}: {speed}", flush=True)
         print(f"round {k + 1} of {rounds} in {time.perf_counter() - t0:.0f} s", flush=True)
     for row in active:  # a row failing every round is pending, with its error
@@ -307,32 +413,59 @@ def main() -> None:
     p.add_argument("--quality-photos", type=int, default=100, help="photos the crop's quality is measured on")
     p.add_argument("--quality-boxes", type=int, default=10, help="crop boxes per photo and stored size")
     p.add_argument("--work", default=None, help="keep the projects and data here (default: a temporary folder)")
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="GROUP[,GROUP]",
+        help=f"run only these groups' rows ({', '.join(GROUPS)}); writes loaders-<groups>.md and .json",
+    )
     args = p.parse_args()
+    groups = tuple(g.strip() for g in args.only.split(",") if g.strip()) if args.only else GROUPS
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown or not groups:
+        raise SystemExit(f"--only {args.only}: the groups are {', '.join(GROUPS)}")
     start = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="torchfeed-bench-"))
     if args.work and work.exists() and any(work.iterdir()):
         raise SystemExit(f"--work {work} is not empty (expected a new or empty folder)")
     work.mkdir(parents=True, exist_ok=True)
-    server = None
+    server, s3 = (None, None), (None, None)
     try:
         template = results.template_state(REPO)  # what prepare renders (edits made later are not measured)
-        projects, data = prepare(work, args)
-        server = serve(work / "www")
-        rows = build_rows(data, args, server)
+        projects, data = prepare(work, args, groups)
+        if "224" in groups:
+            server = serve(work / "www")
+        if "epochs" in groups and str(data["shards224"]) not in data["failed"]:
+            t0 = time.perf_counter()
+            try:
+                s3 = start_s3(data["shards224"])
+                print(f"moto's S3 server at {s3[1]} holds the shards ({time.perf_counter() - t0:.0f} s)", flush=True)
+            except Exception as e:  # its rows are pending, the others run
+                data["failed"][S3_ROOT] = f"moto's S3 server: {type(e).__name__}: {e}"[:400]
+        rows = [r for r in build_rows(data, args, server, s3) if r.group in groups]
         measure(rows, projects, work, args.rounds)
     finally:
-        if server is not None:
+        if server[0] is not None:
             server[0].kill()
+        if s3[0] is not None:
+            os.killpg(s3[0].pid, signal.SIGKILL)
+            s3[0].wait()
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "work")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "work", "only")}
+    if args.only:
+        settings["only"] = list(groups)
     settings |= {"photo_mb": data["photo_mb"], "cache_mb": data.get("cache_mb"), "run_s": time.perf_counter() - start}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = results.collect(rows, settings, REPO, template)
     every_run = json.dumps(result, indent=1).replace(str(work), "$WORK")  # the temporary folder's name is noise
-    (out / "loaders.json").write_text(every_run + "\n", encoding="utf-8")
-    (out / "loaders.md").write_text(report.markdown(result), encoding="utf-8")
+    name = "loaders-" + "-".join(groups) if args.only else "loaders"
+    (out / f"{name}.json").write_text(every_run + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(report.markdown(result), encoding="utf-8")
+    if args.only:
+        print(f"wrote {out}/{name}.md and {name}.json in {settings['run_s'] / 60:.1f} min")
+        return
     chart.draw(result, out / "loaders.png")
     print(f"wrote {out}/loaders.md, loaders.png and loaders.json in {settings['run_s'] / 60:.1f} min")
 

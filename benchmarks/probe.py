@@ -5,6 +5,8 @@
 ``loaders.py`` starts one of these per row and round. Kinds:
 
     loader       the rendered project's train loader (``build_dataset`` + ``build_loader``)
+    epochs       that loader's first and second epoch, each timed in full, with an empty shard cache
+                 (``data.cache_dir``, a new folder in the working directory) at the start
     imagefolder  torchvision ``ImageFolder`` + DataLoader with the same crop and flip
     webdataset   a plain ``webdataset.WebDataset`` pipeline with the same crop and flip
     limit        one process's per-sample work on the project's source, no DataLoader; with
@@ -17,7 +19,9 @@
 A loader is timed like the training loop minus the model: after ``WARMUP`` batches (the workers
 have started), samples over wall time until ``seconds`` have passed, across epoch ends. Over the
 same window the probe reads the whole machine's busy CPU time (/proc/stat) and its own process
-tree's, so the report can say how much other jobs took.
+tree's, so the report can say how much other jobs took. The ``epochs`` kind instead times whole
+epochs, each from its first batch request to its last batch: the first epoch includes the
+workers' start (persistent workers: they start with the first epoch's iterator, in every row alike).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -269,6 +274,77 @@ def probe_loader(spec: dict) -> dict:
     memory = epoch_memory(batches) if spec.get("memory") else None
     result = time_loader(batches, spec, epoch=1 if memory else 0)
     return {**result, "source": type(dataset).__name__, **({"memory": memory} if memory else {})}
+
+
+def folder_mb(path: str) -> float:
+    """MB of the files under ``path`` (a shard cache: downloads in progress at their full size)."""
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names) / 1e6
+
+
+def probe_epochs(spec: dict) -> dict:
+    """The rendered loader (as :func:`probe_loader` builds it) over ``spec["epochs"]`` whole epochs (default 2),
+    each timed from its first batch request (``iter``; the first one starts the persistent workers) to its
+    last batch. ``data.cache_dir`` is a new, empty folder, removed at the end: a bucket's first epoch
+    downloads its shards (the dataset's set-up, untimed, reads the first one through the cache to prepare
+    the task), a second reads them from local disk. ``samples_per_s`` is the first epoch's."""
+    from bench_project.config import load_config
+    from bench_project.data import build_dataset, build_loader, set_epoch
+
+    extra_pids = spec.get("extra_pids", ())
+    cache = tempfile.mkdtemp(prefix="shard-cache-", dir=os.getcwd())
+    try:
+        start = time.perf_counter()
+        cfg = load_config(None, [*spec["overrides"], f"data.cache_dir={cache}", *loader_settings(spec)])
+        dataset = build_dataset(cfg, "train")
+        loader = build_loader(dataset, cfg, "train")
+        setup_s, setup_cache_mb = time.perf_counter() - start, folder_mb(cache)
+        epochs = []
+        for epoch in range(spec.get("epochs", 2)):
+            set_epoch(loader, epoch)
+            samples, first, first_samples = 0, None, 0
+            start, busy0, own0 = time.perf_counter(), busy_cpu_s(), tree_cpu_s(extra_pids)
+            for batch in loader:
+                if batch.get("bad"):  # a benchmark of failing samples would be meaningless
+                    raise RuntimeError(f"{len(batch['bad'])} bad samples in a batch, e.g. {batch['bad'][0]}")
+                samples += len(batch["key"])
+                if first is None:
+                    first, first_samples = time.perf_counter() - start, samples
+            elapsed = time.perf_counter() - start
+            busy, own = busy_cpu_s() - busy0, tree_cpu_s(extra_pids) - own0
+            if not samples:
+                raise RuntimeError(f"epoch {epoch} gave no samples")
+            epochs.append(
+                {
+                    "samples_per_s": samples / elapsed,
+                    "seconds": elapsed,
+                    "samples": samples,
+                    "first_batch_s": first,
+                    "after_first_samples_per_s": (samples - first_samples) / (elapsed - first)
+                    if elapsed > first
+                    else 0,
+                    "busy_cores": busy / elapsed,
+                    "own_cores": own / elapsed,
+                    "cache_mb": folder_mb(cache),
+                }
+            )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return {
+        **{k: epochs[0][k] for k in ("samples_per_s", "seconds", "samples", "first_batch_s")},
+        "busy_cores": epochs[0]["busy_cores"],  # over the first epoch, as samples_per_s
+        "own_cores": epochs[0]["own_cores"],
+        "epoch_samples_per_s": [e["samples_per_s"] for e in epochs],
+        "epoch_s": [e["seconds"] for e in epochs],
+        "epoch_samples": [e["samples"] for e in epochs],
+        "epoch_first_batch_s": [e["first_batch_s"] for e in epochs],
+        "epoch_after_first_samples_per_s": [e["after_first_samples_per_s"] for e in epochs],
+        "epoch_busy_cores": [e["busy_cores"] for e in epochs],
+        "epoch_own_cores": [e["own_cores"] for e in epochs],
+        "epoch_cache_mb": [e["cache_mb"] for e in epochs],
+        "setup_s": setup_s,
+        "setup_cache_mb": setup_cache_mb,
+        "source": type(dataset).__name__,
+    }
 
 
 def probe_imagefolder(spec: dict) -> dict:
@@ -528,6 +604,7 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     kinds = {
         "loader": probe_loader,
+        "epochs": probe_epochs,
         "imagefolder": probe_imagefolder,
         "webdataset": probe_webdataset,
         "limit": probe_limit,

@@ -1,6 +1,7 @@
 """The loader benchmark's report as Markdown: the machine, the tables, the goals, what is pending.
 
-``markdown`` renders what ``results.collect`` gathered (``loaders.json`` holds the same dict).
+``markdown`` renders what ``results.collect`` gathered (``loaders.json`` holds the same dict): the
+sections of the groups that ran (all of them, unless ``loaders.py --only`` chose some).
 """
 
 from __future__ import annotations
@@ -37,17 +38,24 @@ def _table(header: list[str], lines: list[list[str]], numbers: int | None = None
 def markdown(result: dict) -> str:
     """The report as Markdown: the machine, the tables, the goals, what is pending."""
     m, s, cores, other = result["machine"], result["settings"], result["cores"], result["other_load"]
-    group = {g: [r for r in result["rows"] if r["group"] == g] for g in ("224", "limit", "64", "decode")}
+    group = {g: [r for r in result["rows"] if r["group"] == g] for g in ("224", "limit", "64", "decode", "epochs")}
+    ran = {r["group"] for r in result["rows"]}
+    only = s.get("only")
+    timed = (
+        f"timed for {s['seconds']:g} s after 3 warm-up batches, across epoch ends"
+        if ran - {"epochs"}
+        else "timed over two whole epochs"
+    )
     text = [
-        "# Loader benchmark",
+        "# Loader benchmark" + (f" (only {', '.join(only)})" if only else ""),
         "",
         f"Measured {m['date']} on {m['cpu']}, {cores} usable cores, {m['memory_gb']} GB; Python {m['python']}, "
         f"torch {m['torch']}, torchvision {m['torchvision']}, webdataset {m['webdataset']}, Pillow {m['pillow']}; "
         f"template {m['template']}. Written by `benchmarks/loaders.py` in {s['run_s'] / 60:.1f} min.",
         "",
         f"Every loader: batch {s['batch_size']}, num_workers {s['workers']}, prefetch_factor 2, persistent workers, "
-        "the same random-resized crop (scale 0.35-1) and flip on uint8 tensors. Each run is its own process, timed "
-        f"for {s['seconds']:g} s after 3 warm-up batches, across epoch ends. {s['rounds']} rounds alternate the "
+        f"the same random-resized crop (scale 0.35-1) and flip on uint8 tensors. Each run is its own process, {timed}. "
+        f"{s['rounds']} rounds alternate the "
         "rows (each round runs every row once, starting one row further on): a row's value is its median, a "
         "ratio the median of the two rows' ratios within each round, so other jobs' load affects a round's "
         "rows alike.",
@@ -62,12 +70,53 @@ def markdown(result: dict) -> str:
                 f" Other jobs kept {load}: absolute numbers are low by about that share, and a single-process limit "
                 "suffers less from it than a loader needing every core."
             )
-        text[-1] += (
-            " The tables also give samples per CPU-second (of all the run's processes), and the goals each ratio "
-            "per CPU-second: how the rows compare with the cores they got."
-        )
+        if ran - {"epochs"}:
+            text[-1] += (
+                " The tables also give samples per CPU-second (of all the run's processes), and the goals each ratio "
+                "per CPU-second: how the rows compare with the cores they got."
+            )
+    if "224" in ran or "limit" in ran:
+        text += _224_sections(result, group)
+    if "64" in ran:
+        text += [
+            "",
+            "## 64 px crops of each project's `sample-data` (64 px images, half JPEG, half PNG)",
+            "",
+            f"{s['small_per_class'] * 4} train images, the same bytes in every source (files, 8 shards, SQLite rows).",
+            "",
+        ]
+        lines = [[r["name"], *_speed_cells(r), _x(r.get("x_folder")), _n(r["median_cpu"])] for r in group["64"]]
+        text += _table(["loader", "samples/s", "range", "x folder", "samples/CPU-s"], lines)
+    if "decode" in ran:
+        text += _decode_section(group["decode"])
+    text += _crop_section(crop_quality(result))
+    text += _handoff_section(handoff(result))
+    text += _split_section(result.get("cpu_split") or {}, s["workers"])
+    if "224" in ran:
+        text += _memory_section(result["memory"], result["folder_memory"], s["workers"])
+    if "epochs" in ran:
+        text += _epochs_section(group["epochs"], s, cores)
+    if result["goals"]:
+        text += ["", "## Goals", ""]
+        verdict = {True: "met", False: "**not met**", None: "pending"}
+        lines = [[g["goal"], g["value"] or "–", verdict[g["met"]], g["note"]] for g in result["goals"]]
+        text += _table(["goal", "measured", "", "note"], lines, numbers=1)
+    pending = [r for r in result["rows"] if r["pending"]]
+    failed = [r for r in result["rows"] if r["errors"] and not r["pending"]]
+    if pending or failed:
+        text += ["", "## Pending and failed runs", ""]
+        text += [f"- {r['name']} ({r['group']}): {r['pending']}" for r in pending]
+        text += [f"- {r['name']} ({r['group']}): {len(r['errors'])} run(s) failed: {r['errors'][-1]}" for r in failed]
+    rerun = f" --only {','.join(only)}" if only else ""
+    text += ["", f"Rerun: `.venv/bin/python benchmarks/loaders.py{rerun}` (`--help` lists the settings).", ""]
+    return "\n".join(text)
+
+
+def _224_sections(result: dict, group: dict) -> list[str]:
+    """The 224 px loaders' table and their limits'."""
+    s, cores = result["settings"], result["cores"]
     cache = f", {s['cache_mb']:.0f} MB for train" if s.get("cache_mb") else ""
-    text += [
+    text = [
         "",
         "## 224 px crops from 400-600 px JPEG photos",
         "",
@@ -97,32 +146,57 @@ def markdown(result: dict) -> str:
         for r in group["limit"]
     ]
     text += _table(["limit", "one process, samples/s", "range", f"x {cores} cores", "samples/CPU-s"], lines)
-    text += [
+    return text
+
+
+def _epochs_section(rows: list[dict], s: dict, cores: int) -> list[str]:
+    """Two whole epochs of the 224 px shards: local, and from moto's S3 server with and without the cache."""
+    photo = f" ({s['photo_mb']:.0f} MB of photos with val)" if s.get("photo_mb") else ""
+    text = [
         "",
-        "## 64 px crops of each project's `sample-data` (64 px images, half JPEG, half PNG)",
+        "## Two epochs of 224 px shards: local, and from S3 on loopback",
         "",
-        f"{s['small_per_class'] * 4} train images, the same bytes in every source (files, 8 shards, SQLite rows).",
+        f"The {s['images']} train photos{photo}, packed into {s['shards']} shards (`pack --to shards`), read by the "
+        "rendered shards loader from local disk, and from moto's S3 server (`python -m moto.server`, a real HTTP "
+        f"S3 API) on loopback, on the same {cores} cores as the loader: an S3 row measures the client's path and "
+        "the shard cache, not a network. Each run is a process of its own and starts with an empty "
+        "`data.cache_dir`; with the cache (`data.cache_limit` at its default, 50GB) the first epoch downloads "
+        "each shard (the next `data.prefetch_shards`, 2, fetched while one is read) and the second reads them "
+        "from local disk; with `data.cache_limit=0` both epochs stream every shard. Each epoch is timed in full, "
+        "from its first batch request to its last batch: the first epoch includes the start of the persistent "
+        "workers in every row alike (the second table gives the first batch's seconds, and the images/s after "
+        "it). Setting up the dataset (an S3 listing, the index, and the first shard, read through the cache to "
+        "prepare the task) is not timed. Medians of "
+        f"{s['rounds']} rounds; a ratio is the median of its ratios within each run (epoch 2 / epoch 1) or "
+        "round (x local shards); CPU cores counts the run's processes and, for S3, moto's server.",
         "",
     ]
-    lines = [[r["name"], *_speed_cells(r), _x(r.get("x_folder")), _n(r["median_cpu"])] for r in group["64"]]
-    text += _table(["loader", "samples/s", "range", "x folder", "samples/CPU-s"], lines)
-    text += _decode_section(group["decode"])
-    text += _crop_section(crop_quality(result))
-    text += _handoff_section(handoff(result))
-    text += _split_section(result.get("cpu_split") or {}, s["workers"])
-    text += _memory_section(result["memory"], result["folder_memory"], s["workers"])
-    text += ["", "## Goals", ""]
-    verdict = {True: "met", False: "**not met**", None: "pending"}
-    lines = [[g["goal"], g["value"] or "–", verdict[g["met"]], g["note"]] for g in result["goals"]]
-    text += _table(["goal", "measured", "", "note"], lines, numbers=1)
-    pending = [r for r in result["rows"] if r["pending"]]
-    failed = [r for r in result["rows"] if r["errors"] and not r["pending"]]
-    if pending or failed:
-        text += ["", "## Pending and failed runs", ""]
-        text += [f"- {r['name']} ({r['group']}): {r['pending']}" for r in pending]
-        text += [f"- {r['name']} ({r['group']}): {len(r['errors'])} run(s) failed: {r['errors'][-1]}" for r in failed]
-    text += ["", "Rerun: `.venv/bin/python benchmarks/loaders.py` (`--help` lists the settings).", ""]
-    return "\n".join(text)
+    header = ["row", "epoch 1 images/s", "epoch 2 images/s", "epoch 2 / epoch 1"]
+    header += ["x local shards, epoch 1", "x local shards, epoch 2"]
+    lines = []
+    for r in rows:
+        if r["pending"] or not r.get("epoch_median"):
+            lines.append([r["name"], "pending" if r["pending"] else "failed", "–", "–", "–", "–"])
+            continue
+        speed, ratios = r["epoch_median"], r.get("x_local_epochs") or [None, None]
+        lines.append([r["name"], _n(speed[0]), _n(speed[1] if len(speed) > 1 else None), _x(r.get("epoch_ratio"))])
+        lines[-1] += [_x(ratios[0]), _x(ratios[1] if len(ratios) > 1 else None)]
+    text += _table(header, lines)
+    text += [""]
+    header = ["row", "epoch 1 range", "epoch 2 range", "epoch 1: first batch (s)", "epoch 1 after it, images/s"]
+    header += ["images an epoch", "CPU cores, epoch 1", "CPU cores, epoch 2", "cache after epoch 1 (MB)"]
+    header += ["cache after epoch 2 (MB)"]
+    lines = []
+    for r in rows:
+        if r["pending"] or not r.get("epoch_median"):
+            continue
+        spans = [f"{_n(x[0])}–{_n(x[1])}" if x else "–" for x in r["epoch_range"]]
+        own, mb = r["epoch_own_cores"], r["epoch_cache_mb"]
+        after = r["epoch_after_first_samples_per_s"][0]
+        lines.append([r["name"], *spans[:2], _n(r["epoch_first_batch_s"][0], ".2f"), _n(after)])
+        lines[-1] += [_n(r["epoch_samples"][0])]
+        lines[-1] += [_n(x, ".2f") for x in own[:2]] + [_n(x) for x in mb[:2]]
+    return text + _table(header, lines)
 
 
 def _handoff_section(h: dict | None) -> list[str]:

@@ -3,7 +3,12 @@
 ``collect`` turns the measured rows into one JSON-able dict (``loaders.json``); report.py writes
 it as Markdown and chart.py draws it. A ratio is the median over rounds of the two rows' values
 in the same round (measured minutes apart at most), not the ratio of the medians: drift between
-rounds cancels.
+rounds cancels. A run of some groups only (``loaders.py --only``) gets the figures of those groups;
+the goals need the rows of every group they name.
+
+The ``epochs`` rows (probe.py's ``epochs``: two whole epochs a run) also get each epoch's images/s
+per round and their medians, the second epoch against the first, and each epoch against local
+shards (``EPOCHS_LOCAL``) within each round.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ TOGETHER = "cache limit, a process per core at once"
 SPLIT = ("folder (rendered)", "cache (rendered)")  # the loader rows whose CPU is read by role
 IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
+EPOCHS_LOCAL = "shards, local (rendered)"  # the epochs row the others are compared with, epoch by epoch
+# The rows the goals are measured on: without one of them (a run of some groups), no goals.
+GOAL_ROWS = (("224", "cache (rendered)"), ("224", "folder (rendered)"), ("224", "shards, local (rendered)"))
+GOAL_ROWS += (("64", "folder (rendered)"), ("64", "shards (rendered)"))
 
 
 def template_state(repo: Path) -> str:
@@ -130,16 +139,57 @@ def collect(rows, settings: dict, repo: Path, template: str | None = None) -> di
     decode = [r for r in out if r["group"] == "decode"]
     for row in decode[1:]:
         row["x_full"] = _ratio(row["speeds"], decode[0]["speeds"])
+    _epochs(out, rounds)
     result = {"machine": machine(repo, template), "settings": settings, "rows": out, "cores": cores}
-    result["memory"] = _memory(by["224", "cache (rendered)"])
-    result["folder_memory"] = _memory(by["224", "folder (rendered)"])
-    result["cpu_split"] = {name: _cpu_split(by["224", name], by["limit", LIMITS[name]]) for name in SPLIT}
+    result["memory"] = _memory(by["224", "cache (rendered)"]) if ("224", "cache (rendered)") in by else None
+    result["folder_memory"] = _memory(by["224", "folder (rendered)"]) if ("224", "folder (rendered)") in by else None
+    result["cpu_split"] = {
+        name: _cpu_split(by["224", name], by["limit", LIMITS[name]])
+        for name in SPLIT
+        if ("224", name) in by and ("limit", LIMITS[name]) in by
+    }
     together = by.get(("limit", TOGETHER))
-    if result["cpu_split"]["cache (rendered)"] and together and together["median_cpu"]:
+    if result["cpu_split"].get("cache (rendered)") and together and together["median_cpu"]:
         result["cpu_split"]["cache (rendered)"]["limit_together"] = 1e6 / together["median_cpu"]
     result["other_load"] = _other_load(out)
-    result["goals"] = _goals(result, by, decode)
+    complete = all(key in by for key in GOAL_ROWS) and len(decode) >= 3
+    result["goals"] = _goals(result, by, decode) if complete else []
     return result
+
+
+def _epochs(rows: list[dict], rounds: int) -> None:
+    """Add to each ``epochs`` row its images/s by epoch in each round (``epoch_speeds``), their medians
+    (``epoch_median``) and ranges, the median of epoch 2 / epoch 1 within each run (``epoch_ratio``) and of each
+    epoch against local shards' in the same round (``x_local_epochs``), and medians of the first batch's
+    seconds, the images/s after it, the CPU the run's processes used (cores), the shard cache's MB at each
+    epoch's end, each epoch's seconds and images."""
+    mine = [r for r in rows if r["group"] == "epochs"]
+    local = next((r for r in mine if r["name"] == EPOCHS_LOCAL), None)
+
+    def per_round(row: dict, key: str) -> list:
+        return [r.get(key) if r else None for r in row["runs"] + [None] * (rounds - len(row["runs"]))]
+
+    def column(values: list, epoch: int) -> list:
+        return [v[epoch] if v and len(v) > epoch else None for v in values]
+
+    def median(values: list) -> float | None:
+        seen = [v for v in values if v is not None]
+        return statistics.median(seen) if seen else None
+
+    for row in mine:
+        speeds = row["epoch_speeds"] = per_round(row, "epoch_samples_per_s")
+        n = max((len(v) for v in speeds if v), default=0)
+        row["epoch_median"] = [median(column(speeds, e)) for e in range(n)]
+        row["epoch_range"] = [
+            [min(seen), max(seen)] if (seen := [v for v in column(speeds, e) if v]) else None for e in range(n)
+        ]
+        row["epoch_ratio"] = _ratio(column(speeds, 1), column(speeds, 0)) if n > 1 else None
+        theirs = per_round(local, "epoch_samples_per_s") if local else None
+        row["x_local_epochs"] = [_ratio(column(speeds, e), column(theirs, e)) for e in range(n)] if local else None
+        medians = ("epoch_first_batch_s", "epoch_after_first_samples_per_s", "epoch_own_cores", "epoch_cache_mb")
+        for key in (*medians, "epoch_s", "epoch_samples"):
+            values = per_round(row, key)
+            row[key] = [median(column(values, e)) for e in range(n)]
 
 
 def _cpu_split(row: dict, limit: dict) -> dict | None:
