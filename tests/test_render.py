@@ -272,7 +272,7 @@ VARIANT_MARKERS = [
     ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
     ("data_format", {"image"}, [r"image_size", r"decode_image", r"jpe?g", r"RandomResizedCrop"]),
     ("data_format", {"tensor"}, [r"(?<![a-z])\.npy", r"allow_pickle"]),  # not a cache's index.npy
-    ("data_format", {"sequence"}, [r"max_len", r"\btoken", r"utf-8 text"]),
+    ("data_format", {"sequence"}, [r"max_len", r"\btokens?\b", r"utf-8 text"]),
 ]
 EXPECTED_DATA_MODULES = {
     "folder": {"folder.py", "folder_index.py"},
@@ -470,8 +470,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       carries a sample's bytes by the task's file extensions, so each format runs on the folder
       source and on one iterable source (FORMAT_SOURCES).
     - The kill -9 restart resumes the source from its checkpoint, as the fast suite's crash and
-      resume tests do in one process for every source and format: it runs on the folder, shards
-      and SQLite image projects (the HTTP source resumes as SQLite's: iterable.py).
+      resume tests do in one process for every source and format: it runs on the folder and
+      SQLite image projects (the HTTP source resumes as SQLite's: iterable.py); the shards
+      project's kill -9 is test_s3's, a SIGKILL mid-download resumed to the same samples and weights.
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
       methods, the image crops' own behaviour) depend on neither: they run in the folder image
       project only.
@@ -499,7 +500,7 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         # its fast tests run under spawn (test_spawn.py)
         selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
-        launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train"
+        launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
     elif source == "http":
         selection += ["-k", "not kill_9_of_a_rank_restarts_the_group"]
