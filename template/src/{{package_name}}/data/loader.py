@@ -25,7 +25,8 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,7 @@ class Loader(StatefulDataLoader):
 
     def __init__(self, *args, split: str = "train", **kwargs) -> None:
         self.split = split
+        self.watched: Callable[[], Any] = lambda: None  # the iterator over workers it waits on (weakly)
         super().__init__(*args, **kwargs)
 
     def _get_iterator(self):
@@ -176,6 +178,7 @@ class Loader(StatefulDataLoader):
         self.check_worker_number_rationality()
         iterator = _WatchfulIterator(self, self.next_iter_state)
         self.next_iter_state = None
+        self.watched = weakref.ref(iterator)  # not kept alive: torch ends its workers as it is dropped
         return iterator
 
     def __iter__(self) -> Iterator[dict]:

@@ -219,14 +219,46 @@ def lost(error: BaseException, loaders: dict[str, Any]) -> WorkerLost | None:
     """
     found = LOST.search(str(error))
     if found is None:
-        return None
+        return _sender_died(loaders) if isinstance(error, HANDOVER_BROKEN) else None
     pids = [int(p) for p in found.group(1).replace(" ", "").split(",") if p]
     for split, loader in loaders.items():
-        processes = getattr(getattr(loader, "_iterator", None), "_workers", None) or []  # torch's, a private list
-        for worker_id, process in enumerate(processes):
+        for worker_id, process in enumerate(_workers_of(loader)):
             if process.pid in pids:
                 return WorkerLost(died(split, worker_id, process.pid, process.exitcode))
     return WorkerLost(died(next(iter(loaders), "a"), None, pids[0] if pids else None, None))
+
+
+# NOTE [ A worker that dies while its batch is taken ]
+# A batch's tensors come from a worker as file descriptors that this process asks the worker for
+# (multiprocessing's resource sharer) as it unpickles the batch. A worker killed at that moment
+# breaks the connection: ConnectionResetError (or EOFError, a refused connection) comes out of
+# the loader's wait instead of torch's "DataLoader worker ... is killed". Where one of the
+# loaders' workers has ended, that is the worker's death, named as any other; else the error
+# stands as it was raised.
+HANDOVER_BROKEN = (ConnectionError, EOFError, FileNotFoundError)
+DEATH_SEEN_S = 5.0  # how long a worker that broke the hand-over may take to be seen ended (it is being killed)
+
+
+def _workers_of(loader: Any) -> list:
+    """torch's (private) list of ``loader``'s worker processes: of its persistent iterator, else of the
+    iterator it waits on now (data/loader.py: ``Loader.watched``)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is None and callable(watched := getattr(loader, "watched", None)):
+        iterator = watched()
+    return getattr(iterator, "_workers", None) or []
+
+
+def _sender_died(loaders: dict[str, Any]) -> WorkerLost | None:
+    """The :class:`WorkerLost` of a worker of ``loaders`` that has ended (``None``: all are alive)."""
+    deadline = time.monotonic() + DEATH_SEEN_S
+    while True:
+        for split, loader in loaders.items():
+            for worker_id, process in enumerate(_workers_of(loader)):
+                if process.exitcode is not None:
+                    return WorkerLost(died(split, worker_id, process.pid, process.exitcode))
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def died(split: str, worker_id: int | None, pid: int | None, exitcode: int | None) -> str:
