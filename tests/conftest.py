@@ -213,13 +213,12 @@ SHARED = {"test_render.py": "param", "test_update.py": "param", "test_slurm.py":
 # The longest units, longest first (their times in the CI log's durations); the workers take units
 # in collection order, so these start first and the workers' last units are the short ones.
 LONGEST_FIRST = (
-    "test_spawn.py",
+    "test_users_changes.py",
     "test_render.py[folder-image-1x0gpu]",
     "test_render.py[shards-image-1x0gpu]",
     "test_slurm.py",
     "test_render.py[stream-sqlite-image-1x0gpu]",
     "test_render.py[stream-http-image-1x0gpu]",
-    "test_users_changes.py",
     "test_install.py",
     "test_update.py",
 )

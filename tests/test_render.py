@@ -473,6 +473,11 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       resume tests do in one process for every source and format: it runs on the folder and
       SQLite image projects (the HTTP source resumes as SQLite's: iterable.py); the shards
       project's kill -9 is test_s3's, a SIGKILL mid-download resumed to the same samples and weights.
+    - The two streamed sources share the iterable source (iterable.py: epochs, resume, batches, bad
+      rows) and everything above it: the SQLite project runs the whole suite over it; the HTTP
+      project runs what is its own: test_http.py, the sources' contract (every sample once per
+      epoch over ranks and workers, equal planned steps, resume from a loader's state, nothing left
+      open, the cache), DDP in lockstep and equal steps (its sharding by id is its own), and the CLI.
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
       methods, the image crops' own behaviour) depend on neither: they run in the folder image
       project only.
@@ -497,13 +502,14 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
-        # its fast tests run under spawn (test_spawn.py)
+        # its fast tests run under spawn, with a user's changes (test_users_changes.py)
         selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
-    elif source == "http":
-        selection += ["-k", "not kill_9_of_a_rank_restarts_the_group"]
+    elif source == "http":  # what is its own; the rest runs over SQLite
+        own = ["test_http.py", "test_sources.py", "test_launch.py", "test_bench.py::test_cli_sample_data_bench_train"]
+        selection += ["-k", "not kill_9_of_a_rank_restarts_the_group", *(f"tests/{name}" for name in own)]
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selection],
         project.path,
