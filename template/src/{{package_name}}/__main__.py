@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
     b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
-    if importlib.util.find_spec(f"{__package__}.bench_paths"):  # samples with places to be cropped and decoded
+    if importlib.util.find_spec(f"{__package__}.device_path"):  # samples with places to be cropped and decoded
         b.add_argument(
             "--paths", action="store_true", help="time where samples are cropped and decoded (also without a GPU)"
         )

@@ -11,17 +11,16 @@
    prefetch_factor, a branch stopping once adding workers stops helping, within --budget-s.
 2. The choice: the cheapest setting with workers (fewest, then least prefetch) within 5% of
    the best; ``num_workers=0`` is reported as the baseline (loading inside the training
-   process cannot overlap the step). persistent_workers and, with CUDA, pin_memory are then
-   chosen by measuring the epoch switch and the host-to-device copy. The choice goes to
-   ``configs/tuned.yaml`` with the fingerprint of this data and machine.
+   process cannot overlap the step). Then, at that setting, the batch pool (data/batch_pool.py:
+   workers reuse their batches' shared memory) on against off, persistent_workers by the epoch
+   switch and, with CUDA, pin_memory by the host-to-device copy: each is on only where measured
+   faster. The choice goes to ``configs/tuned.yaml`` with the fingerprint of this data and
+   machine, and the figures that made it.
 3. The stall: the model's training step (build_model, task.py's loss) on a real batch, on the
    training device, against the loader's time per batch: how much of a step would wait for data;
    and the capacity verdict: the loader CPUs each training process needs for a stall under 5%.
    With ``data.cache`` set, the source at ``data.root`` is timed at the chosen setting too:
-   the cache's speed-up over it. On a GPU (or with ``--paths``), an image project's paths (crop
-   and decode in the workers or on the device, bench_paths.py) are timed first, with the model's
-   step: the fastest is chosen for ``data.augment_on``/``decode_on`` left at ``auto``, and the
-   loader is swept on it (the tuned entry is marked ``chosen``; `train` reads it so).
+   the cache's speed-up over it.
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
    memory growth, repeated augmentations (whatever task.py's train transform does), a
    collate that cannot batch.
@@ -31,27 +30,26 @@ Reports: ``<run_dir>/bench/bench.{json,md,png}``.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import logging
 import math
 import statistics
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 import torch
 from tqdm import tqdm
 
-from . import dist, handoff, project, shm
-from .checks import run_checks
-from .data import build_loader
+from . import dist, project
+from .checks import run_checks, worker_processes
+from .data import build_loader, set_epoch
 from .data.cache import CacheSource
-from .data.loader import plan_shared_memory, resolve_settings, set_epoch, shm_need, worker_processes
+from .data.loader import batch_bytes, plan_shm, shm_need, shm_space
+from .data.settings import LoaderSettings, fingerprint, loader_settings, write_tuned
 from .data.source import Source
-from .data.tuned import fingerprint, with_bench_choice, write_tuned
 from .errors import SharedMemoryFull
 from .report import write_reports
 
@@ -63,7 +61,10 @@ TOLERANCE = 0.05  # settings within 5% of the best count as equally fast
 def _rss_mb() -> tuple[float, float]:
     """RSS of this process and of the largest of its DataLoader workers, in MB."""
     me = psutil.Process()
-    workers = [w.memory_info().rss for w in worker_processes()]
+    workers = []
+    for w in worker_processes():
+        with contextlib.suppress(psutil.Error):
+            workers.append(w.memory_info().rss)
     return me.memory_info().rss / 2**20, max(workers, default=0) / 2**20
 
 
@@ -151,28 +152,25 @@ def choose(points: list[dict]) -> dict:
     return min(good, key=lambda p: (p["num_workers"], p["prefetch_factor"]))
 
 
-def _variant(cfg, **settings):
-    variant = copy.deepcopy(cfg)
-    variant.loader.tuned = ""
-    for key, value in settings.items():
-        setattr(variant.loader, key, value)
-    return variant
-
-
 def _loader(cfg, dataset, **settings):
-    return build_loader(dataset, _variant(cfg, **settings), "train")
+    """A train loader of ``dataset`` at these settings (the others at the default rule's), its /dev/shm need checked."""
+    chosen = LoaderSettings(**({"persistent_workers": True} | settings))
+    plan_shm({"train": dataset}, {"train": chosen}, cfg.loader.batch_size)
+    return build_loader(dataset, cfg, "train", chosen)
 
 
-def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: bool) -> tuple[list[dict], list[dict]]:
-    """Measure (num_workers, prefetch_factor) settings; a branch stops when more workers stop helping, or
-    when its next setting does not fit in /dev/shm (shm.py). Returns the points and the settings skipped so.
+def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int) -> tuple[list[dict], list[dict]]:
+    """Measure (num_workers, prefetch_factor) settings, torch's own way (no batch pool); a branch stops when
+    more workers stop helping, or when its next setting does not fit in /dev/shm. Returns the points and the
+    settings skipped so.
 
     Raises :class:`SharedMemoryFull` when no setting with workers fits: the sweep would choose none.
     """
     workers = worker_counts(quick, dataset)
     branches = (2,) if quick else (2, 4)
-    least = _variant(cfg, num_workers=1, prefetch_factor=min(branches), persistent_workers=True)
-    plan_shared_memory([(dataset, least, "train")])  # the cheapest setting with workers fits, or one line
+    batch = batch_bytes(dataset, cfg.loader.batch_size)
+    least = LoaderSettings(num_workers=1, prefetch_factor=min(branches))
+    plan_shm({"train": dataset}, {"train": least}, cfg.loader.batch_size)  # the cheapest with workers fits, or one line
     deadline = time.perf_counter() + budget_s
     points: list[dict] = []
     skipped: list[dict] = []
@@ -190,18 +188,15 @@ def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: 
                 log.info("bench: --budget-s %.0f spent; skipping the remaining settings", budget_s)
                 bar.close()
                 return points, skipped
-            settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "persistent_workers": True}
-            need = shm_need(dataset, _variant(cfg, **settings), "train")
+            settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor}
+            need = round(shm_need(LoaderSettings(**settings), batch) / 1e6, 1)
             try:
-                loader = _loader(cfg, dataset, **settings, pin_memory=pin_memory)
+                loader = _loader(cfg, dataset, **settings)
             except SharedMemoryFull as e:  # so would more workers be: this branch ends
-                skipped.append(
-                    {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "shm_mb": need, "why": str(e)}
-                )
+                skipped.append({**settings, "shm_mb": need, "why": str(e)})
                 log.warning("bench: skipped num_workers=%d prefetch_factor=%d: %s", num_workers, prefetch_factor, e)
                 break
             point = {**settings, "shm_mb": need, **measure(loader, batches)}
-            del point["persistent_workers"]
             del loader  # stops its workers before the next setting starts
             points.append(point)
             bar.update()
@@ -213,16 +208,26 @@ def sweep(cfg, dataset, quick: bool, budget_s: float, batches: int, pin_memory: 
     return points, skipped
 
 
+def pool_figures(cfg, dataset, chosen: dict, batches: int, rounds: int = 2) -> dict:
+    """Samples/s at the chosen setting with the batch pool and without (data/batch_pool.py), alternating;
+    each the best of ``rounds`` (other jobs on the machine slow a run, never speed it up)."""
+    rates = {False: [], True: []}
+    settings = {"num_workers": chosen["num_workers"], "prefetch_factor": chosen["prefetch_factor"]}
+    for _ in range(rounds):
+        for pool in (True, False):
+            try:
+                loader = _loader(cfg, dataset, **settings, batch_pool=pool)
+            except SharedMemoryFull:
+                return {}
+            rates[pool].append(measure(loader, batches)["samples_per_s"])
+            del loader
+    return {"off": max(rates[False]), "on": max(rates[True])}
+
+
 def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 3) -> float:
     """Median seconds from asking for a new epoch to its first batch (after one warm epoch)."""
-    loader = _loader(
-        cfg,
-        dataset,
-        num_workers=chosen["num_workers"],
-        prefetch_factor=chosen["prefetch_factor"],
-        persistent_workers=persistent,
-        pin_memory=False,
-    )
+    settings = {k: chosen[k] for k in ("num_workers", "prefetch_factor", "batch_pool")}
+    loader = _loader(cfg, dataset, **settings, persistent_workers=persistent)
     next(iter(loader))
     times = []
     for epoch in range(1, repeats + 1):
@@ -233,14 +238,14 @@ def epoch_switch_s(cfg, dataset, chosen: dict, persistent: bool, repeats: int = 
     return round(statistics.median(times), 4)
 
 
-def stall(cfg, dataset, task, loader_samples_per_s: float) -> dict:
+def stall(cfg, dataset, loader_samples_per_s: float) -> dict:
     """The model's own consumption against the loader: the training step (with ``task``'s loss) on a real
     batch already on the training device (no copy, no loading), timed alone; how much of a step would
     wait for data at the loader's measured rate."""
     from .compute import make_optimizer, setup_compute, train_step
     from .model import build_model
 
-    device = dist.pick_device(project.NUM_GPUS)
+    device, task = dist.pick_device(project.NUM_GPUS), dataset.task
     batch = next(b for b in _loader(cfg, dataset, num_workers=0) if len(b["key"]) >= 2)
     batch = task.on_device(batch, device)
     batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}  # the inputs wait there
@@ -328,9 +333,7 @@ def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
 
     source = source_class(cfg.data.source).open(cfg, "train")
     workers = min(chosen["num_workers"], source.max_workers() or chosen["num_workers"])
-    loader = _loader(
-        cfg, source, num_workers=workers, prefetch_factor=chosen["prefetch_factor"], persistent_workers=True
-    )
+    loader = _loader(cfg, source, num_workers=workers, prefetch_factor=chosen["prefetch_factor"])
     rate = measure(loader, batches)["samples_per_s"]
     return {
         "source_samples_per_s": rate,
@@ -342,62 +345,42 @@ def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
 def bench_command(
     cfg, quick: bool = False, budget_s: float = 60.0, time_paths: bool = False, batches: int | None = None
 ) -> dict:
-    """`bench`: where the format has places to transform a sample (an image's crop and decode: in the
-    workers or on the device, bench_paths.py), time each with the model's step (on a GPU, or anywhere
-    with ``time_paths``) and choose the fastest for the ``data`` keys left at ``auto``; without timing
-    them, those keys take bench's earlier choice. Then :func:`run_bench` on the train split so read."""
+    """`bench`: :func:`run_bench` on the train split (``data.cache`` when set, else the source); where the
+    format has places to crop and decode a sample (an image's: in the workers or on the device,
+    device_path.py), each timed first with the model's step on a GPU, or anywhere with ``time_paths``."""
     from .data import build_dataset
-    from .task import Task
 
-    given, paths, chosen = cfg, None, {}
-    if quick and time_paths:
-        log.warning("bench --quick times no paths: --paths is ignored")
-    task = Task(cfg.data, "train")
-    dataset = build_dataset(cfg, "train", task)
+    paths = None
     gpu = torch.cuda.is_available() and project.NUM_GPUS > 0
     if not quick and (gpu or time_paths) and hasattr(cfg.data, "augment_on"):
-        from .bench_paths import describe, fastest, measure_paths  # image projects: where to crop and decode
+        from .device_path import time_paths as timed
         from .model import build_model
 
-        rows = measure_paths(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
-        chosen = dist.broadcast_from_main(fastest(rows, cfg))  # under `launch -- bench`: rank 0's, as it writes
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **chosen))
-        paths = {"rows": rows, "lines": describe(rows, chosen)}
-    else:
-        cfg = with_bench_choice(cfg, dataset)
-    if cfg.data != given.data:  # the loader is swept, and the checks run, as training will read
-        task = Task(cfg.data, "train")
-        dataset = build_dataset(cfg, "train", task)
-    return run_bench(
-        cfg, dataset, task, quick=quick, budget_s=budget_s, batches=batches, paths=paths, chosen_keys=list(chosen)
-    )
+        paths = timed(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
+    elif quick and time_paths:
+        log.warning("bench --quick times no paths: --paths is ignored")
+    report = run_bench(cfg, build_dataset(cfg, "train"), quick=quick, budget_s=budget_s, batches=batches, paths=paths)
+    return report
 
 
 def run_bench(
-    cfg,
-    dataset,
-    task,
-    quick: bool = False,
-    budget_s: float = 60.0,
-    batches: int | None = None,
-    paths: dict | None = None,
-    chosen_keys: list[str] | None = None,
+    cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches: int | None = None, paths: dict | None = None
 ) -> dict:
-    """Sweep, choose, (unless quick) measure the stall and run the checks; write tuned file and reports.
+    """Sweep, choose, (unless quick) measure the stall and run the checks; write the tuned file and reports.
 
-    ``dataset`` is the train split read with ``task``, whose loss the stall's model step computes.
-    ``paths``: the places timed (:func:`bench_command`); ``chosen_keys``: the ``data`` keys their timing
-    chose (the tuned entry is marked so, data/tuned.py).
+    ``dataset`` is the train split; the stall's model step computes its task's loss. ``paths``: the places
+    a sample can be cropped and decoded, timed (:func:`bench_command`), for the report.
     """
     batches = batches or (6 if quick else 30)
-    base = resolve_settings(cfg, dataset)
-    points, skipped = sweep(cfg, dataset, quick, budget_s, batches, pin_memory=False)
+    base = loader_settings(cfg, {"train": dataset})["train"]  # the default rule's, and pin_memory's default
+    points, skipped = sweep(cfg, dataset, quick, budget_s, batches)
     chosen = choose(points)
     tuned = {
         "num_workers": chosen["num_workers"],
         "prefetch_factor": chosen["prefetch_factor"],
         "persistent_workers": True,
         "pin_memory": base.pin_memory,
+        "batch_pool": False,
     }
     report = {
         "fingerprint": fingerprint(cfg, dataset),
@@ -406,58 +389,53 @@ def run_bench(
         "batches_timed": batches,
         "points": points,
         "chosen_point": chosen,
-        "default_rule": asdict(base),
+        "default_rule": dataclasses.asdict(base),
     }
-    handoff.forget_exited()  # the sweep's loaders have ended: their blocks are free again
-    if (room := shm.space()) is not None:  # what /dev/shm allows (shm.py): each point's need, the settings skipped
-        report["shm"] = {"size_mb": round(room.size / 1e6, 1), "free_mb": round(room.free / 1e6, 1), "skipped": skipped}
+    figures = {}
+    if chosen["num_workers"] > 0 and (pool := pool_figures(cfg, dataset, chosen, batches)):
+        # on only where measured faster: it is beyond torch's public API (data/batch_pool.py)
+        tuned["batch_pool"] = pool["on"] > (1 + TOLERANCE) * pool["off"]
+        figures["batch_pool_samples_per_s"] = pool
+    if (space := shm_space()) is not None:  # what /dev/shm allows: each point's need, the settings skipped
+        report["shm"] = {"size_mb": round(space[0] / 1e6, 1), "free_mb": round(space[1] / 1e6, 1), "skipped": skipped}
     if not quick and chosen["num_workers"] > 0:
         switch = {
-            "persistent": epoch_switch_s(cfg, dataset, chosen, True),
-            "fresh": epoch_switch_s(cfg, dataset, chosen, False),
+            "persistent": epoch_switch_s(cfg, dataset, tuned, True),
+            "fresh": epoch_switch_s(cfg, dataset, tuned, False),
         }
         tuned["persistent_workers"] = switch["persistent"] < (1 - TOLERANCE) * switch["fresh"]
-        report["epoch_switch_s"] = switch
+        figures["epoch_switch_s"] = switch
     if not quick and torch.cuda.is_available() and project.NUM_GPUS > 0:
         device = dist.pick_device(project.NUM_GPUS)
+        settings = {k: tuned[k] for k in ("num_workers", "prefetch_factor", "batch_pool")}
         copy_rate = {
-            pin: measure(
-                _loader(
-                    cfg,
-                    dataset,
-                    num_workers=tuned["num_workers"],
-                    pin_memory=pin,
-                    prefetch_factor=tuned["prefetch_factor"],
-                ),
-                batches,
-                device=device,
-            )["samples_per_s"]
+            pin: measure(_loader(cfg, dataset, **settings, pin_memory=pin), batches, device=device)["samples_per_s"]
             for pin in (False, True)
         }
         # Pinned memory lets copies run alongside the step; it stays on unless measured slower.
         tuned["pin_memory"] = not copy_rate[False] > (1 + TOLERANCE) * copy_rate[True]
-        report["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
+        figures["pin_memory_samples_per_s"] = {str(k): v for k, v in copy_rate.items()}
+    report |= figures
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
     if paths is not None:
         report["paths"] = paths
     if not quick:
-        report["stall"] = stall(cfg, dataset, task, chosen["samples_per_s"])
+        report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
         cpus, processes = dist.usable_cpus(), dist.processes_per_node()
         remedies = ["pack a cache (pack --to cache)"] if not isinstance(dataset, CacheSource) else []
-        if hasattr(cfg.data, "augment_on") and cfg.data.augment_on != "device":  # image projects
+        if getattr(cfg.data, "augment_on", "device") != "device":  # image projects
             remedies.append("augment on the device (data.augment_on=device)")
         model_rate = report["stall"]["model_samples_per_s"]
         report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
-    handoff.forget_exited()  # the blocks of the loaders timed here are free again
     if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
         if cfg.loader.tuned:
-            write_tuned(cfg.loader.tuned, report["fingerprint"], tuned, chosen=chosen_keys)
+            write_tuned(cfg.loader.tuned, report["fingerprint"], tuned, figures)
         write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
 
 
-def quick_bench(cfg, dataset, task) -> dict:
-    return run_bench(cfg, dataset, task, quick=True, budget_s=15.0)
+def quick_bench(cfg, dataset) -> dict:
+    return run_bench(cfg, dataset, quick=True, budget_s=15.0)

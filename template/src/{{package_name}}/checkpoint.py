@@ -89,10 +89,14 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
         cause = recorded.error if recorded is not None and recorded.error is not None else e
         if not is_disk_full(cause):
             raise
-        kept = f"the previous checkpoint {path} is kept" if path.is_file() else f"no checkpoint is in {path.parent}"
+        then = (
+            f"the previous checkpoint {path} is kept: free some space and run the same command again, which resumes "
+            "from it"
+            if path.is_file()
+            else "no checkpoint was written before this one: free some space and run again, which starts over"
+        )
         raise DiskFull(
-            f"{cause.strerror.lower()} writing the checkpoint {tmp} ({_free(path.parent)}): {kept}; free some space "
-            "and run again (it resumes from the checkpoint kept)"
+            f"{cause.strerror.lower()} writing the checkpoint {tmp} ({_free(path.parent)}); {then}"
         ) from None
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -254,11 +258,21 @@ def layout(cfg, loader) -> dict:
 
 
 def save(
-    cfg, run_dir: Path, model, optimizer, loader, device, progress: Progress, mid_epoch: bool, sums: dict | None = None
+    cfg,
+    run_dir: Path,
+    model,
+    optimizer,
+    loader,
+    budget,
+    device,
+    progress: Progress,
+    mid_epoch: bool,
+    sums: dict | None = None,
 ) -> None:
-    """Write the checkpoint (rank 0); every rank hands in its loader position, RNGs and (mid-epoch) its
-    epoch's sums so far (``loss``, ``samples``, ``seconds``, ``wait_s``)."""
+    """Write the checkpoint (rank 0); every rank hands in its loader position, RNGs, the bad samples it met
+    (``budget``) and (mid-epoch) its epoch's sums so far (``loss``, ``samples``, ``seconds``, ``wait_s``)."""
     mine = {"loader": loader.state_dict() if mid_epoch else None, "rng": rng_state(device), "sums": sums}
+    mine["bad"] = budget.state_dict()
     ranks = dist.all_gather_object(mine)  # a collective at checkpoints only
     if dist.is_main_process():
         partial = None
@@ -273,6 +287,7 @@ def save(
             "layout": layout(cfg, loader),
             "loader": [r["loader"] for r in ranks],
             "rng": [r["rng"] for r in ranks],
+            "bad": [r["bad"] for r in ranks],
             "config": cfg.to_dict(),
         }
         save_checkpoint(run_dir / CHECKPOINT, state)
@@ -293,19 +308,8 @@ def find_checkpoint(cfg, run_dir: Path) -> dict | None:
     return state
 
 
-def keep_saved_workers(cfg, saved: dict | None):
-    """The config, with a mid-epoch checkpoint's ``num_workers`` when ``loader.num_workers`` is auto.
-
-    The loader's position is per worker; an automatic choice keeps the saved count rather than
-    restart the epoch (an explicit, different value restarts it).
-    """
-    if saved is None or not any(saved["loader"]) or cfg.loader.num_workers != "auto":
-        return cfg
-    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=saved["layout"]["num_workers"]))
-
-
-def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
-    """Load the model, optimizer, this rank's RNGs and loader position; returns where to continue."""
+def resume(saved: dict, cfg, model, optimizer, loader, budget, device) -> Progress:
+    """Load the model, optimizer, this rank's RNGs, bad samples and loader position; returns where to continue."""
     try:
         model.load_state_dict(saved["model"])
     except RuntimeError as e:
@@ -324,6 +328,8 @@ def resume(saved: dict, cfg, model, optimizer, loader, device) -> Progress:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if len(saved["rng"]) == world_size:
         set_rng_state(saved["rng"][rank], device)
+    if len(saved.get("bad") or []) == world_size:  # the bad samples this rank met (checkpoints since 0.4 hold them)
+        budget.load_state_dict(saved["bad"][rank])
     if progress.batch:
         now = layout(cfg, loader)
         if isinstance(now.get("data"), dict) and isinstance(saved["layout"].get("data"), dict):

@@ -10,9 +10,11 @@ it, and for a problem its likely cause and fix in the words a user would search 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import itertools
+import multiprocessing
 import random
 import time
 from collections import Counter
@@ -25,8 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, Subset, get_worker_info
 
 from .data import build_loader, set_epoch
-from .data.loader import SkipBadCollate, worker_processes
-from .data.source import Source, sample_rng, sample_seed
+from .data.source import SkipBadCollate, Source, sample_rng, sample_seed
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -53,6 +54,15 @@ def _variant(cfg, **loader):
     for key, value in loader.items():
         setattr(cfg.loader, key, value)
     return cfg
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This process's loader workers (the processes it started with multiprocessing)."""
+    workers = []
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(psutil.Error, ValueError):  # it ended meanwhile
+            workers.append(psutil.Process(child.pid))
+    return workers
 
 
 def _fds(proc: psutil.Process) -> int:
@@ -119,8 +129,13 @@ def check_duplicates(cfg, open_rank: Callable, num_workers: int, world_size: int
         set_epoch(loader, 0)
         keys += [k for batch in loader for k in batch["key"]]
     repeats = sum(n - 1 for n in Counter(keys).values() if n > 1)
-    padding = 0 if iterable else world_size - 1  # DistributedSampler pads
+    padding = 0 if iterable else (-len(dataset)) % world_size  # DistributedSampler pads to a multiple of the ranks
     value = f"{repeats} repeated keys in {len(keys)} samples ({world_size} ranks x {max(1, num_workers)} workers)"
+    if repeats and repeats <= padding:
+        value += (
+            f": the training sampler's padding, which repeats {padding} sample(s) so that {len(dataset)} samples "
+            f"split evenly over {world_size} ranks (validation never pads)"
+        )
     if repeats > padding:
         return Check(
             "duplicates across workers/ranks",
@@ -298,6 +313,11 @@ def check_augmentation(cfg, dataset, num_workers: int) -> Check:
         if isinstance(dataset, Source):  # and the source's own seeding: new numbers each epoch
             same, total = (a + b for a, b in zip((same, total), _same_over_epochs(dataset)))
     value = f"{same} identical of {total} augmented copies"
+    if same and same <= total // 8:
+        value += (
+            f": within the {total // 8} that chance allows (two crops of a small image can coincide); more would "
+            "mean generators seeded alike"
+        )
     if total and same > total // 8:
         return Check(
             "augmentation randomness",

@@ -22,10 +22,15 @@ lives here: ``bench`` times it without importing the training loop.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from . import dist
+from .errors import UserError
 
 NATIVE_BF16 = (8, 0)  # the first compute capability (Ampere) with bf16 tensor cores
 
@@ -123,3 +128,63 @@ def train_step(model, task, optimizer, batch: dict, compute: Compute, weight: fl
     optimizer.zero_grad(set_to_none=True)
     compute.backward_and_step(loss * weight, optimizer)
     return loss.detach()
+
+
+def learning_rate(step: int, total_steps: int | None, optim) -> float:
+    """``optim.lr`` on ``optim.schedule``: cosine decays it to 0 over ``total_steps`` (``optim.lr``
+    while the length is unknown), constant keeps it.
+
+    >>> from types import SimpleNamespace as S
+    >>> [learning_rate(step, 100, S(lr=1.0, schedule="cosine")) for step in (0, 50, 100)]
+    [1.0, 0.5, 0.0]
+    >>> learning_rate(50, 100, S(lr=1.0, schedule="constant"))
+    1.0
+    """
+    if not total_steps or optim.schedule == "constant":
+        return optim.lr
+    return 0.5 * optim.lr * (1 + math.cos(math.pi * min(step / total_steps, 1.0)))
+
+
+def set_learning_rate(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+class FiniteGuard:
+    """Watches for a NaN or Inf loss without a host read per step, and stops the run naming it.
+
+    # NOTE [ One bad value must not become the last checkpoint ]
+    # A NaN or Inf in one sample (or a learning rate too high) turns the loss, then every
+    # weight, non-finite; saved, it would replace the last good checkpoint. Each step records
+    # ``isfinite(loss)`` on the device, with the step and its batch's keys on the host; the
+    # flags are read at each log interval and before every checkpoint write (together with
+    # the weights'), agreed over ranks, and a bad one stops the run before anything is saved.
+    """
+
+    def __init__(self, device: torch.device, size: int, checkpoint: Path) -> None:
+        self.flags = torch.ones(size, dtype=torch.bool, device=device)
+        self.steps: list[tuple[int, int, list[str]]] = []  # (step, epoch, batch keys) since the last check
+        self.checkpoint = checkpoint  # where the last good weights are, if anywhere
+
+    def record(self, loss: torch.Tensor, progress, keys: list[str]) -> None:
+        self.flags[len(self.steps)] = torch.isfinite(loss)
+        self.steps.append((progress.step, progress.epoch, keys))
+
+    def check(self, model) -> None:
+        finite = [self.flags[: len(self.steps)].all(), *(torch.isfinite(p).all() for p in model.parameters())]
+        ok = int(torch.stack(finite).all())
+        if dist.is_distributed():
+            ok = dist.agree_min(ok)
+        if not ok:
+            bad = (~self.flags[: len(self.steps)]).nonzero()
+            mine = self.steps[int(bad[0])] if len(bad) else None
+            reports = [r for r in dist.all_gather_object(mine) if r is not None]
+            step, epoch, keys = min(reports) if reports else (self.steps[-1][0], self.steps[-1][1], [])
+            saved = self.checkpoint
+            kept = f"{saved} holds the last good weights" if saved.is_file() else "no checkpoint was written"
+            raise UserError(
+                f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch {keys[:8]}: "
+                f"look for bad values in those samples, or lower optim.lr; nothing was saved after it ({kept})"
+            )
+        self.steps.clear()
+        self.flags.fill_(True)

@@ -92,6 +92,9 @@ class LoaderConfig:
     persistent_workers: Union[bool, str] = AUTO  # noqa: UP007
     # Page-locked host memory for faster host-to-GPU copies; auto = the tuned value, else on with CUDA.
     pin_memory: Union[bool, str] = AUTO  # noqa: UP007
+    # Training workers reuse the shared memory of their batches (data/batch_pool.py, beyond torch's public
+    # API); auto = on where `bench` measured it faster for this data and machine (configs/tuned.yaml), else off.
+    batch_pool: Union[bool, str] = AUTO  # noqa: UP007
     # Drop the last incomplete training batch (evaluation never drops samples).
     drop_last: bool = True
     # Settings written by `bench`; used for the auto values while made for this data and machine.
@@ -108,6 +111,7 @@ class LoaderConfig:
         _auto_or("loader.prefetch_factor", self.prefetch_factor, 1)
         _auto_or_bool("loader.persistent_workers", self.persistent_workers)
         _auto_or_bool("loader.pin_memory", self.pin_memory)
+        _auto_or_bool("loader.batch_pool", self.batch_pool)
         require("loader.timeout_s", self.timeout_s, self.timeout_s >= 0, ">= 0")
         methods = (AUTO, "forkserver", "spawn")
         require("loader.start_method", self.start_method, self.start_method in methods, ", ".join(methods))

@@ -9,6 +9,12 @@ Tracebacks are for bugs; ``--debug`` shows one for these too.
 from __future__ import annotations
 
 import errno
+import functools
+import inspect
+import os
+import signal
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 
 class UserError(Exception):
@@ -32,7 +38,8 @@ class Outage(Stalled):
 
 
 class SharedMemoryFull(UserError):
-    """/dev/shm cannot hold what the loaders' workers need (shm.py); the message names its size, the need, the fixes."""
+    """/dev/shm cannot hold what the loaders' workers need (data/loader.py); the message names its size, the need,
+    the fixes."""
 
 
 class WorkerLost(Stalled):
@@ -55,3 +62,78 @@ def require(key: str, value: object, ok: bool, expected: str) -> None:
     """Raise :class:`ConfigError` naming ``key`` and what is allowed unless ``ok``."""
     if not ok:
         raise ConfigError(f"{key}={value!r} is out of range (expected {expected})")
+
+
+def died(split: str, pid: int, exitcode: int | None) -> str:
+    """The line of a loader worker that died: how, the likely cause and what to lower.
+
+    >>> died("train", 4242, -9).split(":")[0]
+    "the train loader's worker (pid 4242) was killed by SIGKILL in the middle of an epoch"
+    """
+    who = f"the {split} loader's worker (pid {pid})"
+    if exitcode is None or exitcode >= 0:
+        return f"{who} exited with status {exitcode} in the middle of an epoch (its stderr, above, may say why)"
+    name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+    why = "a crash in native code (a decoder, a library of yours)"
+    if -exitcode == signal.SIGKILL:
+        why = (
+            "most likely the kernel's out-of-memory killer: this machine or container ran out of memory (`dmesg | "
+            "grep -i oom`; on Kubernetes, OOMKilled in `kubectl describe pod`); lower loader.num_workers, "
+            "loader.prefetch_factor or loader.batch_size (each worker holds its own copy of what it reads and "
+            "prefetch_factor batches), or give it more memory"
+        )
+    return f"{who} was killed by {name} in the middle of an epoch: {why}"
+
+
+def unpicklable(parts: dict[str, Any], split: str, method: str) -> UserError | None:
+    """A line naming the first thing a worker gets by pickling that does not pickle (``None``: all do).
+
+    A lambda or a function defined inside another (a transform of task.py's, say) has no name pickle
+    can find again, and an open file, lock or connection does not pickle at all; Python's error names
+    neither where it is nor what to do, so this walks the parts to the innermost object that fails.
+    """
+    for name, part in parts.items():
+        if (found := first_unpicklable(part, name)) is None:
+            continue
+        path, obj = found
+        what = (
+            f"it is {type(obj).__module__}.{type(obj).__qualname__} (an open file, lock or connection does not "
+            "pickle): keep what opens it (a path, a URL) and open it in the worker, on first use"
+        )
+        if inspect.isfunction(obj):
+            kind = (
+                "a lambda"
+                if obj.__name__ == "<lambda>"
+                else f"the function {obj.__qualname__}, defined inside another,"
+            )
+            where = f"{os.path.relpath(obj.__code__.co_filename)}, line {obj.__code__.co_firstlineno}"
+            what = (
+                f"it is {kind} ({where}), which a worker cannot find by name: define it at the top level of its module"
+            )
+        return UserError(
+            f"the {split} loader's workers (loader.start_method={method}) get the {name} by pickling, and {path} "
+            f"cannot be pickled: {what}"
+        )
+    return None
+
+
+def first_unpicklable(obj, path: str, depth: int = 0) -> tuple[str, Any] | None:
+    """``(path, object)`` of the innermost object under ``obj`` that does not pickle, else ``None``."""
+    try:
+        ForkingPickler.dumps(obj)
+        return None
+    except Exception:
+        pass
+    if isinstance(obj, dict):
+        children = [(f"[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        children = [(f"[{i}]", v) for i, v in enumerate(obj)]
+    elif isinstance(obj, functools.partial):
+        children = [(".func", obj.func), (".args", obj.args), (".keywords", obj.keywords)]
+    else:
+        state = None if inspect.isclass(obj) else getattr(obj, "__dict__", None)
+        children = [(f".{k}", v) for k, v in state.items()] if isinstance(state, dict) else []
+    for name, child in children if depth < 12 else []:
+        if (found := first_unpicklable(child, path + name, depth + 1)) is not None:
+            return found
+    return path, obj

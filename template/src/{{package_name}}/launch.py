@@ -19,7 +19,6 @@ group restarted after a rank died meets again on every node (dist.py's NOTE).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -110,20 +109,18 @@ def check(command: list[str], world_size: int, command_parser, processes: int = 
     """
     from .config import load_config
     from .data import build_dataset, build_loader
-    from .data.loader import plan_shared_memory
-    from .data.tuned import with_tuned
+    from .data.loader import plan_shm
+    from .data.settings import LoaderSettings, loader_settings
 
     args = command_parser().parse_args(command)
     cfg = load_config(args.config, args.overrides)
     train, val = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
-    probe = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=0, tuned=""))
-    build_loader(train, probe, "train", rank=0, world_size=world_size)
-    if command[0] == "bench":
-        least = dataclasses.replace(cfg.loader, num_workers=1, prefetch_factor=2, persistent_workers=True, tuned="")
-        plan_shared_memory([(train, dataclasses.replace(cfg, loader=least), "train")], processes)
+    build_loader(train, cfg, "train", LoaderSettings(num_workers=0), rank=0, world_size=world_size)
+    if command[0] == "bench":  # its cheapest setting with workers
+        least = {"train": LoaderSettings(num_workers=1, prefetch_factor=2)}
+        plan_shm({"train": train}, least, cfg.loader.batch_size, processes)
     else:
-        loaders = [(train, with_tuned(cfg, train), "train"), (val, with_tuned(cfg, val), "val")]
-        plan_shared_memory(loaders, processes)
+        loader_settings(cfg, {"train": train, "val": val}, processes=processes)
 
 
 def main(argv: list[str], command_parser) -> int:

@@ -2,7 +2,7 @@
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """Where a run's numbers go: ``metrics.jsonl`` always, TensorBoard with ``train.tensorboard=true``.
 
-    with make_loggers(cfg, run_dir, resumed_at=progress.step if saved else None) as loggers:
+    with make_loggers(cfg, run_dir, resumed=progress if saved else None) as loggers:
         loggers.log_step(step, {"loss": 0.41, "lr": 3e-3})
         loggers.log_epoch(epoch, step, metrics)
 
@@ -10,9 +10,10 @@ Rank 0 logs (the other ranks get no logger). The loop hands in per-step scalars 
 ``train.log_every`` steps, when it reads the loss from the device anyway, and each epoch's
 metrics once, after its checkpoint.
 
-A resumed run is the same run: ``metrics.jsonl`` goes on (a fresh run starts it anew), and
-TensorBoard writes into the same folder with ``purge_step``, so the steps an interrupted run
-logged after its last checkpoint are dropped and each step shows once.
+A resumed run is the same run: ``metrics.jsonl`` goes on from the epoch it resumes (the lines of
+epochs it trains again are dropped; a fresh run starts the file anew), and TensorBoard writes into
+the same folder with ``purge_step``, so the steps an interrupted run logged after its last
+checkpoint are dropped and each step shows once.
 
 Your own logger (Weights & Biases, MLflow, a CSV) is a class with these three methods, added
 to the list in :func:`make_loggers`.
@@ -40,13 +41,14 @@ class Logger(Protocol):
     def close(self) -> None: ...
 
 
-def make_loggers(cfg, run_dir: Path, resumed_at: int | None) -> Loggers:
-    """This rank's loggers: rank 0's, or none. ``resumed_at``: the step a resumed run goes on from."""
+def make_loggers(cfg, run_dir: Path, resumed=None) -> Loggers:
+    """This rank's loggers: rank 0's, or none. ``resumed``: the progress a resumed run goes on from
+    (checkpoint.Progress: its ``epoch`` and ``step``)."""
     if not dist.is_main_process():
         return Loggers([])
-    loggers: list[Logger] = [JsonLines(run_dir / METRICS, fresh=resumed_at is None)]
+    loggers: list[Logger] = [JsonLines(run_dir / METRICS, None if resumed is None else resumed.epoch)]
     if cfg.train.tensorboard:
-        loggers.append(TensorBoard(run_dir / TENSORBOARD, resumed_at))
+        loggers.append(TensorBoard(run_dir / TENSORBOARD, None if resumed is None else resumed.step))
     return Loggers(loggers)
 
 
@@ -75,10 +77,15 @@ class Loggers:
 class JsonLines:
     """One line per epoch in ``metrics.jsonl``; a full disk is :class:`DiskFull` naming the file."""
 
-    def __init__(self, path: Path, fresh: bool):
+    def __init__(self, path: Path, resumed_epoch: int | None):
         self.path = path
-        if fresh:
+        if resumed_epoch is None:
             path.unlink(missing_ok=True)  # a fresh run: not appended to an old one's
+        elif path.is_file():  # the lines of the epochs a resumed run trains again go: each epoch shows once
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if _epoch_of(line) is not None and _epoch_of(line) < resumed_epoch]
+            if kept != lines:
+                path.write_text("".join(kept), encoding="utf-8")
 
     def log_step(self, step: int, scalars: dict[str, float]) -> None:
         pass
@@ -91,8 +98,8 @@ class JsonLines:
             if not is_disk_full(e):
                 raise
             raise DiskFull(
-                f"{e.strerror.lower()} writing {self.path}: epoch {epoch}'s checkpoint is written, its line here "
-                "is not; free some space and run again"
+                f"{e.strerror.lower()} writing {self.path}: epoch {epoch}'s line is not written, nor its checkpoint; "
+                "free some space and run the same command again, which trains it again from the last checkpoint"
             ) from None
 
     def close(self) -> None:
@@ -127,3 +134,12 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _epoch_of(line: str) -> int | None:
+    """The epoch of a line of ``metrics.jsonl`` (``None``: not one this project wrote whole)."""
+    try:
+        epoch = json.loads(line).get("epoch")
+    except (ValueError, AttributeError):
+        return None
+    return epoch if isinstance(epoch, int) else None

@@ -38,6 +38,12 @@ def summary(report: dict) -> str:
             f"/dev/shm: {shm['size_mb']:.0f} MB ({shm['free_mb']:.0f} MB free); each setting's need is its row's"
             + (f"; skipped, as they do not fit: {skipped} ({out[0]['why']})" if out else "")
         )
+    if "batch_pool_samples_per_s" in report:
+        p, on = report["batch_pool_samples_per_s"], report["chosen"]["batch_pool"]
+        lines.append(
+            f"batch pool (data/batch_pool.py): {p['on']:.0f} samples/s with it, {p['off']:.0f} without: "
+            f"{'on' if on else 'off'}"
+        )
     if "epoch_switch_s" in report:
         s = report["epoch_switch_s"]
         lines.append(f"epoch switch: {s['persistent']:.3f} s with persistent workers, {s['fresh']:.3f} s without")

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
-import math
 import random
 import signal
 import sys
@@ -32,17 +32,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from . import dist, project
-from .checkpoint import CHECKPOINT, Progress, find_checkpoint, keep_saved_workers, resume, run_dir_lock, save
-from .compute import Compute, make_optimizer, setup_compute, train_step
-from .data import build_dataset, build_loader, planned_batches, set_epoch
-from .data.budget import BadSampleBudget
-from .data.loader import batches, even_batches, lost, plan_shared_memory
-from .data.tuned import with_bench_choice, with_tuned
-from .errors import UserError, WorkerLost
+from .checkpoint import CHECKPOINT, Progress, find_checkpoint, resume, run_dir_lock, save
+from .compute import Compute, FiniteGuard, learning_rate, make_optimizer, set_learning_rate, setup_compute, train_step
+from .data import build_dataset, build_loader, set_epoch
+from .data.settings import loader_settings
+from .data.source import BadSampleBudget
+from .errors import DataError, UserError, WorkerLost
 from .loggers import Loggers, make_loggers
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
-from .task import Task
 
 log = logging.getLogger(__name__)
 NO_LOGGERS = Loggers([])
@@ -72,27 +70,17 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     if dist.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed + 1000 * dist.get_rank())
-    # The task (task.py) is the objective the loop trains (its loss and metric) and what reads the
-    # training samples (its transforms); validation reads with its own, its eval transforms.
-    task = Task(cfg.data, "train")
-    train_set = build_dataset(cfg, "train", task)
+    # The train split's task (task.py) is the objective the loop trains (its loss and metric) and what
+    # reads the training samples (its transforms); validation reads with its own, its eval transforms.
+    train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val")
+    task = train_set.task
     saved = find_checkpoint(cfg, run_dir)
-    # data keys left at auto (where a sample is transformed): bench's choice, or the resumed run's;
-    # rank 0's for all (every rank must transform alike)
-    chosen = dist.broadcast_from_main(with_bench_choice(cfg, train_set, saved) if dist.is_main_process() else None)
-    if chosen.data != cfg.data:  # the run, its checkpoints included, holds the values chosen
-        cfg, task = chosen, Task(chosen.data, "train")
-        train_set = build_dataset(cfg, "train", task)
-    val_set = build_dataset(cfg, "val")
-    ensure_tuned(cfg, train_set, task)
-    # The loaders' settings, resolved once before any loader is built: a mid-epoch checkpoint's
-    # worker count (its position is per worker), then configs/tuned.yaml, for the keys left at auto
-    # (each split's own entry: validation's data is another). The run keeps the config as given.
-    train_cfg, val_cfg = with_tuned(keep_saved_workers(cfg, saved), train_set), with_tuned(cfg, val_set)
-    # what each loader's workers may keep in /dev/shm, beside the other's (an error line if even the least won't fit)
-    blocks = plan_shared_memory([(train_set, train_cfg, "train"), (val_set, val_cfg, "val")])
-    train_loader = build_loader(train_set, train_cfg, "train", shm_blocks=blocks[0])
-    val_loader = build_loader(val_set, val_cfg, "val", shm_blocks=blocks[1])
+    ensure_tuned(cfg, train_set)
+    # Every loader setting, resolved once (data/settings.py): the config, a mid-epoch checkpoint's
+    # worker count, configs/tuned.yaml; both loaders' use of /dev/shm is checked together.
+    settings = loader_settings(cfg, {"train": train_set, "val": val_set}, saved)
+    train_loader = build_loader(train_set, cfg, "train", settings["train"])
+    val_loader = build_loader(val_set, cfg, "val", settings["val"])
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)
     compute = setup_compute(cfg.train.amp, device, model)
@@ -101,19 +89,18 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     if dist.is_distributed():
         ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = make_optimizer(model, cfg.optim, device)
-    checkpoint = functools.partial(save, cfg, run_dir, model, optimizer, train_loader, device)
 
-    progress = Progress()
+    progress, budget = Progress(), BadSampleBudget(cfg.data.bad_sample_budget)
+    checkpoint = functools.partial(save, cfg, run_dir, model, optimizer, train_loader, budget, device)
     if saved is not None:
-        progress = resume(saved, cfg, model, optimizer, train_loader, device)
-    loggers = make_loggers(cfg, run_dir, resumed_at=None if saved is None else progress.step)
+        progress = resume(saved, cfg, model, optimizer, train_loader, budget, device)
+    loggers = make_loggers(cfg, run_dir, resumed=None if saved is None else progress)
     if progress.epoch >= cfg.train.epochs:
         done = (run_dir, progress.epoch, cfg.train.epochs)
         log.warning("%s already holds %d trained epochs (train.epochs=%d): nothing to do", *done)
 
-    budget = BadSampleBudget(cfg.data.bad_sample_budget)
     run = Run(cfg, ddp_model, task, optimizer, compute, budget, checkpoint, stop, loggers)
-    with loggers, worker_lost_named({"train": train_loader, "val": val_loader}, run_dir):
+    with loggers, worker_lost_named([train_loader, val_loader], run_dir):
         return run_epochs(cfg, run, model, task, train_loader, val_loader, progress, run_dir)
 
 
@@ -130,9 +117,8 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
         if planned is None:  # a source that cannot count: the epoch just run tells the schedule's length
             progress.epoch_batches = progress.batch
             progress.total_steps = progress.step + progress.batch * (cfg.train.epochs - epoch - 1)
-        val_stats = evaluate(model, task, val_loader, compute, budget)
+        val_stats = evaluate(model, task, val_loader, compute, budget, cfg.train.max_batches)
         progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
-        checkpoint(progress, mid_epoch=False)
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
         wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
         metrics = {
@@ -145,7 +131,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "val_samples": val_stats["samples"],
             "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
             "seconds": round(time.perf_counter() - start, 3),
-            "samples_per_s": round(train_stats["samples"] / max(train_stats["seconds"], 1e-9), 1),
+            "samples_per_s": round(train_stats["samples_per_s"], 1),
             "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
             "data_wait_frac": round(wait_frac, 3),
             "world_size": dist.get_world_size(),
@@ -164,27 +150,28 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
                 train_stats["data_wait_s"],
                 project.PACKAGE,
             )
-        if dist.is_main_process():
+        if dist.is_main_process():  # the epoch's line first: a checkpoint that finds the disk full keeps it
             loggers.log_epoch(epoch, progress.step, metrics)
             log.info(
                 "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
                 *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
             )
+        checkpoint(progress, mid_epoch=False)
         if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
             raise stopped(signum, progress, run_dir)
     return history
 
 
 @contextlib.contextmanager
-def worker_lost_named(loaders: dict, run_dir: Path) -> Iterator[None]:
-    """A loader worker that died (workers.py: NOTE [ A worker that dies is named ]) is one line naming it and
-    the checkpoint a rerun resumes from. Where torch's own SIGCHLD handler still runs (data/loader.py: NOTE
-    [ A dead worker is named where the loader waits ]), its error may come from any point of the loop: it
-    is named here too."""
+def worker_lost_named(loaders: list, run_dir: Path) -> Iterator[None]:
+    """A loader worker that died is one line naming it and the checkpoint a rerun resumes from, wherever
+    the loop was when it was seen: in the loader's wait, or elsewhere (torch raises a spawned worker's
+    death in the training process wherever it is, from its SIGCHLD handler)."""
     try:
         yield
-    except (WorkerLost, RuntimeError) as e:
-        named = e if isinstance(e, WorkerLost) else lost(e, loaders)
+    except Exception as e:
+        gone = isinstance(e, (WorkerLost, RuntimeError, ConnectionError, EOFError))  # how a worker's death shows
+        named = next((lost for loader in loaders if (lost := loader.lost(5.0 if gone else 0.0))), None)
         if named is None:
             raise
         saved = run_dir / CHECKPOINT
@@ -209,7 +196,7 @@ def plan_epoch(loader, cfg, progress: Progress) -> int | None:
     The ranks agree on the fewest (one small collective per epoch): their sources may count
     moments apart, on data that changes.
     """
-    planned = dist.agree_min(planned_batches(loader))
+    planned = dist.agree_min(loader.planned_batches())
     if planned is not None and cfg.train.max_batches:
         planned = min(planned, cfg.train.max_batches)
     if planned == 0:
@@ -267,9 +254,9 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         disable=not (dist.is_main_process() and sys.stderr.isatty()),
         leave=False,
     )
-    guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir))
+    guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir) / CHECKPOINT)
     wait = DataWait(carried.get("wait_s", 0.0))
-    for batch in even_batches(wait.timed(batches(loader, "train")), todo):
+    for batch in even_batches(wait.timed(loader), todo):
         if batch is not None:
             batch = run.task.on_device(batch, device)  # what the format finishes there: a bad sample joins batch["bad"]
             run.budget.update(batch["bad"])
@@ -308,7 +295,15 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
     data_wait = wait_total / dist.get_world_size()  # the ranks' mean
-    return {"loss": loss, "samples": int(samples_total), "seconds": seconds, "data_wait_s": data_wait}
+    # the rate after the first batch, which waits for the workers to start: a smoke run's few batches too
+    rate = (samples_total - wait.first) / max(seconds - wait.first_s, 1e-9) if wait.batches > 1 else 0.0
+    return {
+        "loss": loss,
+        "samples": int(samples_total),
+        "seconds": seconds,
+        "data_wait_s": data_wait,
+        "samples_per_s": rate,
+    }
 
 
 class DataWait:
@@ -321,58 +316,53 @@ class DataWait:
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds = seconds  # what the epoch waited before a resume, if it was resumed
         self.batches = 0
+        self.first, self.first_s = 0, 0.0  # the first batch's samples (all ranks') and the seconds until it came
 
     def timed(self, batches: Iterable[dict]) -> Iterator[dict]:
-        it = iter(batches)
+        it, begun = iter(batches), time.perf_counter()
         while True:
             started = time.perf_counter()
             batch = next(it, None)
             if self.batches:
                 self.seconds += time.perf_counter() - started
+            elif batch is not None:
+                self.first, self.first_s = len(batch["key"]) * dist.get_world_size(), time.perf_counter() - begun
             if batch is None:
                 return
             self.batches += 1
             yield batch
 
 
-class FiniteGuard:
-    """Watches for a NaN or Inf loss without a host read per step, and stops the run naming it.
+def even_batches(batches, planned: int | None):
+    """Exactly ``planned`` items, so that every rank takes the same number of steps.
 
-    # NOTE [ One bad value must not become the last checkpoint ]
-    # A NaN or Inf in one sample (or a learning rate too high) turns the loss, then every
-    # weight, non-finite; saved, it would replace the last good checkpoint. Each step records
-    # ``isfinite(loss)`` on the device, with the step and its batch's keys on the host; the
-    # flags are read at each log interval and before every checkpoint write (together with
-    # the weights'), agreed over ranks, and a bad one stops the run before anything is saved.
+    The loader's batches come first; should it run dry early (a broken file, samples removed
+    under the run), ``None`` fills the rest and the step runs on a stand-in with zero weight;
+    short by more than a tenth of the epoch (and 2 batches), it is a :class:`DataError`. When
+    ``planned`` is ``None`` (a source that cannot count its rows), all ranks stop together at
+    the first rank's end, agreed by one collective per batch on a CPU group (no device sync).
     """
-
-    def __init__(self, device: torch.device, size: int, run_dir: Path) -> None:
-        self.flags = torch.ones(size, dtype=torch.bool, device=device)
-        self.steps: list[tuple[int, int, list[str]]] = []  # (step, epoch, batch keys) since the last check
-        self.run_dir = run_dir
-
-    def record(self, loss: torch.Tensor, progress: Progress, keys: list[str]) -> None:
-        self.flags[len(self.steps)] = torch.isfinite(loss)
-        self.steps.append((progress.step, progress.epoch, keys))
-
-    def check(self, model) -> None:
-        finite = [self.flags[: len(self.steps)].all(), *(torch.isfinite(p).all() for p in model.parameters())]
-        ok = int(torch.stack(finite).all())
-        if dist.is_distributed():
-            ok = dist.agree_min(ok)
-        if not ok:
-            bad = (~self.flags[: len(self.steps)]).nonzero()
-            mine = self.steps[int(bad[0])] if len(bad) else None
-            reports = [r for r in dist.all_gather_object(mine) if r is not None]
-            step, epoch, keys = min(reports) if reports else (self.steps[-1][0], self.steps[-1][1], [])
-            saved = self.run_dir / CHECKPOINT
-            kept = f"{saved} holds the last good weights" if saved.is_file() else "no checkpoint was written"
-            raise UserError(
-                f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch {keys[:8]}: "
-                f"look for bad values in those samples, or lower optim.lr; nothing was saved after it ({kept})"
+    if planned is None:
+        yield from dist.stop_together(batches)
+        return
+    it = iter(batches)
+    for done in range(planned):
+        batch = next(it, None)
+        if batch is None:
+            short, most = planned - done, max(2, planned // 10)
+            if short > most:  # not a few bad samples or a broken file: the counts are wrong
+                raise DataError(
+                    f"the loader ran dry after {done} of {planned} planned batches: {short} short, more than the "
+                    f"{most} stand-in steps that may fill an epoch; the data holds far fewer samples than its counts "
+                    "say (an index that overstates them, samples removed while training): fix the counts or the "
+                    "data, and run again"
+                )
+            log.warning(
+                "the loader ran dry after %d of %d planned batches: stand-in steps fill the rest", done, planned
             )
-        self.steps.clear()
-        self.flags.fill_(True)
+            yield from (None for _ in range(planned - done))
+            return
+        yield batch
 
 
 def trainable(batch: dict | None, last: dict | None, spare) -> tuple[dict, int, dict]:
@@ -414,11 +404,12 @@ def spare_batch(dataset, task) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget) -> dict:
-    """Validation loss, accuracy and sample count over all ranks (each sample once)."""
+def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget, max_batches: int = 0) -> dict:
+    """Validation loss, accuracy and sample count over all ranks (each sample once; the first ``max_batches``
+    of each rank with ``train.max_batches``, a smoke run's)."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=compute.device)  # loss x n, correct, n
-    for batch in batches(loader, "val"):
+    for batch in itertools.islice(loader, max_batches or None):
         budget.update(batch["bad"])
         n = len(batch["key"])
         if n == 0:
@@ -433,40 +424,20 @@ def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget) -> 
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "samples": int(n)}
 
 
-def learning_rate(step: int, total_steps: int | None, optim) -> float:
-    """``optim.lr`` on ``optim.schedule``: cosine decays it to 0 over ``total_steps`` (``optim.lr``
-    while the length is unknown), constant keeps it.
-
-    >>> from types import SimpleNamespace as S
-    >>> [learning_rate(step, 100, S(lr=1.0, schedule="cosine")) for step in (0, 50, 100)]
-    [1.0, 0.5, 0.0]
-    >>> learning_rate(50, 100, S(lr=1.0, schedule="constant"))
-    1.0
-    """
-    if not total_steps or optim.schedule == "constant":
-        return optim.lr
-    return 0.5 * optim.lr * (1 + math.cos(math.pi * min(step / total_steps, 1.0)))
-
-
-def set_learning_rate(optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
-def ensure_tuned(cfg, dataset, task) -> None:
+def ensure_tuned(cfg, dataset) -> None:
     """Run the quick benchmark (rank 0) when ``configs/tuned.yaml`` is missing or stale."""
-    from .bench import quick_bench  # bench imports the whole data stack; train needs it only here
-    from .data.tuned import read_tuned
+    from .bench import quick_bench  # bench times loaders and the model; train needs it only here
+    from .data.settings import tuned_settings
 
     if not cfg.loader.tuned:
         return
-    if dist.is_main_process() and read_tuned(cfg, dataset) is None:
+    if dist.is_main_process() and tuned_settings(cfg, dataset) is None:
         log.info("no tuned loader settings for this data and machine: running `bench --quick`")
-        quick_bench(cfg, dataset, task)
+        quick_bench(cfg, dataset)
     dist.barrier()  # every rank, whatever it would have decided: a rank skipping it would hang the rest

@@ -11,7 +11,7 @@ that ``pack --to cache`` wrote from that source (data/cache.py), after checking 
 matches the source.
 
 This module imports no data code itself (the config reads the sources' names here): a source's
-module is imported when it is used, and ``build_loader``, ``planned_batches`` and ``set_epoch``
+module is imported when it is used, and ``build_loader`` and ``set_epoch``
 come from data/loader.py on first use.
 """
 
@@ -27,7 +27,7 @@ from . import project_source
 if TYPE_CHECKING:
     from .source import Source
 
-_LOADER = ("build_loader", "planned_batches", "set_epoch")
+_LOADER = ("build_loader", "set_epoch")
 
 
 def registry() -> dict[str, str]:
@@ -88,4 +88,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["build_dataset", "build_loader", "commands", "planned_batches", "registry", "set_epoch", "source_class"]
+__all__ = ["build_dataset", "build_loader", "commands", "registry", "set_epoch", "source_class"]

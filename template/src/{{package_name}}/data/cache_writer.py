@@ -35,7 +35,7 @@ from ..errors import DataError, DiskFull, UserError, is_disk_full
 from ..task import Task
 from .cache import FORMAT, LOCK, META, PEEK, SPLITS, WRITTEN_BY, NotACache, read_meta
 from .loader import worker_context
-from .source import Source
+from .source import Source, bad_reason
 
 log = logging.getLogger(__name__)
 
@@ -308,13 +308,13 @@ def _write_json(path: str, value: dict) -> None:
 _task: Task | None = None  # the packing process's task (set by _init)
 
 
-def _init(cfg_data, examples: list[bytes]) -> None:
+def _init(cfg_data, examples: list[bytes], num_classes: int) -> None:
     global _task
     # Pool.terminate() (the end of its `with`) stops these processes with SIGTERM; forked from a
     # forkserver that started with it blocked (see worker_context), they would never end.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _task = Task(cfg_data, "val")
-    _task.prepare(examples, where=cfg_data.root)  # the checks every sample then meets (a tensor's shape)
+    _task.prepare(examples, where=cfg_data.root, num_classes=num_classes)  # what every sample then meets
     torch.set_num_threads(1)
 
 
@@ -329,7 +329,7 @@ def _decode_chunk(chunk: list[tuple], num_classes: int, settings: dict) -> list[
                 raise ValueError(f"label {label!r} is not a class id (expected an int in [0, {num_classes}))")
             out.append(_task.decode_for_cache(data, **settings).contiguous().numpy())
         except Exception as e:
-            out.append(f"{type(e).__name__}: {e}")
+            out.append(bad_reason(e))
     return out
 
 
@@ -340,11 +340,11 @@ def _decode(records: Iterator[tuple], source: Source, settings: dict, workers: i
     """
     chunks, examples = _chunks(records), source.peek(16)
     if workers <= 1:
-        _init(source.cfg, examples)
+        _init(source.cfg, examples, source.num_classes)
         for rows in chunks:
             yield rows, _decode_chunk(rows, source.num_classes, settings)
         return
-    with context.Pool(workers, initializer=_init, initargs=(source.cfg, examples)) as pool:
+    with context.Pool(workers, initializer=_init, initargs=(source.cfg, examples, source.num_classes)) as pool:
         pending: deque = deque()
         for rows in chunks:
             sent = [(key, label, data, None) for key, label, data, _ in rows]  # cursors stay here

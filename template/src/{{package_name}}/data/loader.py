@@ -1,100 +1,60 @@
 # torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
-"""The DataLoader factory: sampler, workers, seeding and batching in one place.
+"""The DataLoader factory: sampler, workers, seeding and /dev/shm, over a plain ``StatefulDataLoader``.
 
-    loader = build_loader(dataset, with_tuned(cfg, dataset), "train")  # tuned settings: data/tuned.py
+    settings = loader_settings(cfg, {"train": train_set, "val": val_set}, saved)  # data/settings.py
+    loader = build_loader(train_set, cfg, "train", settings["train"])
     for epoch in range(cfg.train.epochs):
         set_epoch(loader, epoch)  # a new order each epoch, on every rank
-        for batch in even_batches(loader, planned_batches(loader)): ...
+        for batch in loader: ...
 
-The loader is torchdata's ``StatefulDataLoader``: ``loader.state_dict()`` between batches is
-the position in the epoch (sampler, workers and the source's own state), and
-``loader.load_state_dict(state)`` continues from it, so a resumed run sees the rest of the
-epoch and nothing twice.
+The loader is torchdata's ``StatefulDataLoader``, through its public API: ``state_dict()`` between
+batches is the position in the epoch, and ``load_state_dict(state)`` continues from it. Its workers
+start from a forkserver (or by spawn, never by fork), seeded, with the signals that stop a run
+blocked, and end with their training process. A worker that dies is one line built from its exit
+code; a mistake a worker found comes out as it was raised; /dev/shm too small is one line at start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import logging
-import math
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import random
+import select
 import signal
 import threading
 import time
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
-from torchdata.stateful_dataloader import StatefulDataLoader, stateful_dataloader
+from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from .. import dist, handoff, project, shm
-from ..errors import DataError, SharedMemoryFull, Stalled, UserError
-from .source import Source
-from .workers import (  # noqa: F401 (worker_context, worker_processes, seed_worker, exit_with: once this module's)
-    exit_with,
-    init_worker,
-    lost,
-    seed_worker,
-    start_method,
-    stop_signals_blocked,
-    unpicklable,
-    worker_context,
-    worker_processes,
-)
+from .. import dist, project
+from ..errors import SharedMemoryFull, Stalled, UserError, WorkerLost, died, unpicklable
+from ..stopping import STOP_SIGNALS
+from .source import SkipBadCollate, Source
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LoaderSettings:
-    """The four DataLoader arguments that `bench` tunes, resolved to concrete values."""
-
-    num_workers: int
-    prefetch_factor: int
-    persistent_workers: bool
-    pin_memory: bool
-
-
-def resolve_settings(cfg, dataset, processes: int | None = None) -> LoaderSettings:
-    """Turn ``auto`` values into numbers by the default rule (tuned values are in ``cfg`` already:
-    ``tuned.with_tuned`` puts them there once, before any loader is built; no file is read here).
-
-    ``processes``: the training processes of this node (default: ``dist.processes_per_node()``).
-    """
-    c = cfg.loader
-
-    def pick(name, fallback):
-        value = getattr(c, name)
-        return value if value != "auto" else fallback
-
-    num_workers = pick("num_workers", max(1, dist.usable_cpus() // (processes or dist.processes_per_node())))
-    if not isinstance(dataset, IterableDataset):
-        num_workers = min(num_workers, len(dataset))
-    elif c.num_workers == "auto" and isinstance(dataset, Source) and dataset.max_workers() is not None:
-        num_workers = min(num_workers, max(1, dataset.max_workers()))  # an explicit value is checked instead
-    return LoaderSettings(
-        num_workers=num_workers,
-        prefetch_factor=pick("prefetch_factor", 2),
-        persistent_workers=pick("persistent_workers", True),
-        pin_memory=pick("pin_memory", torch.cuda.is_available() and project.NUM_GPUS > 0),
-    )
 
 
 class EvalSampler(Sampler[int]):
     """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every sample exactly once.
 
     Unlike :class:`DistributedSampler` it never pads with duplicates, so metrics summed over
-    ranks count each validation sample once. Ranks may get one sample more or fewer, which is
-    safe because evaluation runs no collective per batch.
+    ranks count each validation sample once; evaluation runs no collective per batch.
 
     >>> list(EvalSampler(5, rank=1, num_replicas=2))
     [1, 3]
@@ -109,236 +69,31 @@ class EvalSampler(Sampler[int]):
         return iter(range(self.rank, self.length, self.num_replicas))
 
     def __len__(self) -> int:
-        return max(0, math.ceil((self.length - self.rank) / self.num_replicas))
+        return len(range(self.rank, self.length, self.num_replicas))
 
 
-class SkipBadCollate:
-    """Batch the good samples with ``collate`` and carry the bad ones' ``(key, reason)`` in ``batch["bad"]``.
-
-    # NOTE [ Bad samples travel with the batch ]
-    # A worker process cannot stop the run or keep a count the main process sees, so a
-    # sample that fails to read or decode becomes ``{"key", "bad"}`` and rides along with its
-    # batch; the training loop counts them in one place (``BadSampleBudget``). A batch whose
-    # samples were all bad is ``{"key": [], "bad": [...]}``: it never reaches the model.
-    """
-
-    def __init__(self, collate) -> None:
-        self.collate = collate
-
-    def __call__(self, samples: list[dict]) -> dict[str, Any]:
-        good = [s for s in samples if "bad" not in s]
-        try:
-            with handoff.collecting() as pool:  # in a worker: its batch goes out in a block it reuses
-                batch = self.collate(good) if good else {"key": []}
-        except RuntimeError as e:  # no room in /dev/shm (torch's "unable to allocate shared memory")
-            if shm.remove_failed(e) is None:
-                raise
-            raise SharedMemoryFull(shm.no_room_in_worker()) from None
-        batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
-        return handoff.mark(batch, pool)
-
-
-TAIL = "tail"  # the key of a worker's last, partial batch, sent unbatched (see JoinTails)
-
-
-class JoinTails:
-    """The collate of an iterable source's training loader: a whole batch is collated in its
-    worker; a smaller one, a worker's last, goes to the loader's process unbatched
-    (``{TAIL: samples}``) to be joined with the other workers' (see :class:`TailJoiningLoader`)."""
-
-    def __init__(self, collate, batch_size: int) -> None:
-        self.collate, self.batch_size = collate, batch_size
-
-    def __call__(self, samples: list[dict]) -> dict[str, Any]:
-        return self.collate(samples) if len(samples) >= self.batch_size else {TAIL: samples}
-
-
-CHECK_S = 5  # seconds between torch's looks at the workers while a batch is awaited (workers.py: NOTE)
-
-
-class Loader(StatefulDataLoader):
-    """torchdata's StatefulDataLoader: its workers get back the shared memory of the batches this process
-    is done with (handoff.py: NOTE [ A worker's batches reuse their shared memory ]); a wait for a batch
-    looks at the workers every few seconds, so a dead one is named (workers.py: NOTE [ A worker that
-    dies is named ]); a mistake a worker found comes out as it was raised there.
-
-    Args:
-        split (str): what its messages call it (``"train"``, ``"val"``); the rest are StatefulDataLoader's
-            (``timeout``: seconds its workers may send no batch before :class:`Stalled`; 0: forever).
-    """
-
-    def __init__(self, *args, split: str = "train", **kwargs) -> None:
-        self.split = split
-        self.watched: Callable[[], Any] = lambda: None  # the iterator over workers it waits on (weakly)
-        super().__init__(*args, **kwargs)
-
-    def _get_iterator(self):
-        if self.num_workers == 0 or _WatchfulIterator is None:
-            return super()._get_iterator()
-        self.check_worker_number_rationality()
-        iterator = _WatchfulIterator(self, self.next_iter_state)
-        self.next_iter_state = None
-        self.watched = weakref.ref(iterator)  # not kept alive: torch ends its workers as it is dropped
-        return iterator
-
-    def __iter__(self) -> Iterator[dict]:
-        try:
-            batches = super().__iter__()  # the workers start here, not at the first batch (signal masks)
-        except Exception as e:  # a worker could not get its work (a lambda in a transform), or died starting
-            if (problem := _said(self, e)) is e:
-                raise
-            raise problem from None
-        if self.num_workers and _WatchfulIterator is not None:
-            _no_raise_on_sigchld()
-        return _received(_patient(self, batches))
-
-
-def _no_raise_on_sigchld() -> None:
-    """Take torch's SIGCHLD handler back out of this process, once a loader's wait looks at its workers.
-
-    # NOTE [ A dead worker is named where the loader waits ]
-    # For workers it started itself (spawn), torch's handler raises its "DataLoader worker ... is
-    # killed by signal" in the main thread wherever that thread is when SIGCHLD comes: in the middle
-    # of a checkpoint's write (torch.save then fails on its own half-written file, and its error
-    # hides torch's), a collective, the model's step. The loader's wait (_WatchfulIterator) looks
-    # at its workers every CHECK_S seconds, forkserver's and spawn's alike: a dead worker is named
-    # there, between steps, a few seconds later at most.
-    """
-    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
-        return
-    handler = signal.getsignal(signal.SIGCHLD)
-    if getattr(handler, "__module__", None) == "torch.utils.data._utils.signal_handling":
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def _watchful(base):
-    """torchdata's iterator over workers, whose wait for a batch with a timeout looks at the workers every
-    CHECK_S seconds, as torch's does without one (``_try_get_data`` in a loop): torch looks at them
-    only once the whole timeout has passed, so a worker killed a minute into a 600 s timeout would
-    be named ten minutes later. ``None`` where torchdata has no such iterator: the loaders then wait
-    torch's way (a dead worker named once ``loader.timeout_s`` has passed)."""
-    if base is None or not all(hasattr(base, name) for name in ("_get_data", "_try_get_data")):
-        return None
-
-    class WatchfulIterator(base):
-        def _get_data(self):
-            if self._timeout <= 0:
-                return super()._get_data()
-            deadline = time.monotonic() + self._timeout
-            while True:  # _try_get_data raises naming the workers that died, after each spell
-                success, data = self._try_get_data(max(0.0, min(CHECK_S, deadline - time.monotonic())))
-                if success:
-                    return data
-                if self._pin_memory and not self._pin_memory_thread.is_alive():
-                    raise RuntimeError("Pin memory thread exited unexpectedly")
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-
-    return WatchfulIterator
-
-
-_WatchfulIterator = _watchful(getattr(stateful_dataloader, "_StatefulMultiProcessingDataLoaderIter", None))
-
-
-def _patient(loader: Loader, batches: Iterator[dict]) -> Iterator[dict]:
-    """``batches``, torch's errors of the workers said in one line (:func:`_said`)."""
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except Exception as e:
-            if (problem := _said(loader, e)) is e:
-                raise
-            raise problem from None
-        yield batch
-
-
-def _said(loader: Loader, e: Exception) -> Exception:
-    """What ``e``, raised while ``loader`` waited for its workers, means in one line (else ``e`` itself):
-    a mistake or an outage a worker found, as it was raised there; workers that sent nothing for
-    ``loader.timeout_s``; a worker that died (workers.lost); a worker that could not get its work."""
-    if isinstance(e, (UserError, Stalled)):
-        said = said_in_worker(e)
-        return e if said is None else type(e)(said)
-    if isinstance(e, RuntimeError) and "DataLoader timed out" in str(e):
-        return Stalled(
-            f"the {loader.split} loader's workers sent no batch in {loader.timeout} s (loader.timeout_s): one is "
-            "stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), or "
-            "the data is slower than that: raise loader.timeout_s"
-        )
-    method = getattr(loader.multiprocessing_context, "get_start_method", lambda: "?")()
-    parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn}
-    return lost(e, {loader.split: loader}) or unpicklable(e, loader.split, parts, method) or e
-
-
-def _received(batches: Iterator[dict]) -> Iterator[dict]:
-    yield from map(handoff.received, batches)
-    handoff.forget_exited()  # workers that are not persistent have exited: their blocks are unmapped here
-
-
-class TailJoiningLoader(Loader):
-    """The training loader of an iterable source: the workers' last, partial batches are joined.
-
-    # NOTE [ Workers' last batches join up ]
-    # Each worker batches its own rows, so with drop_last every worker would drop its last
-    # partial batch: up to (batch_size - 1) x workers samples an epoch (batch 64, 2 workers: 512
-    # of 600 rows trained). Here each worker sends its last batch unbatched, and this process
-    # joins them into whole batches as they come; only what is left at the end (fewer than
-    # batch_size samples a rank) is dropped (``drop_last``) or yielded as one smaller batch.
-    # A checkpoint written while tails wait to be joined (at an epoch's very end) does not hold
-    # them: a run resumed from it trains the epoch without those few samples.
-    """
-
-    def __init__(self, *args, drop_joined_last: bool, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.drop_joined_last = drop_joined_last
-
-    def __iter__(self) -> Iterator[dict]:
-        return _join_tails(super().__iter__(), self.collate_fn.collate, self.batch_size, self.drop_joined_last)
-
-
-def _join_tails(batches: Iterable[dict], collate, batch_size: int, drop_last: bool) -> Iterator[dict]:
-    tail: list[dict] = []
-    for batch in batches:
-        if TAIL not in batch:
-            yield batch
-            continue
-        tail += batch[TAIL]
-        while len(tail) >= batch_size:
-            yield collate(tail[:batch_size])
-            tail = tail[batch_size:]
-    if tail and not drop_last:
-        yield collate(tail)
-
-
-def build_loader(
-    dataset,
-    cfg,
-    split: str,
-    *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    collate_fn=None,
-    shm_blocks: int | None = None,
-) -> StatefulDataLoader:
+def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_size=None, collate_fn=None) -> Loader:
     """The loader of ``split``, with arguments that mean what DataLoader's mean.
 
     Args:
         dataset: a source from ``build_dataset`` (or any Dataset of sample dicts).
-        cfg (Config): ``loader.*`` and ``train.seed`` are used.
+        cfg (Config): ``loader.batch_size``, ``loader.drop_last``, ``loader.timeout_s``,
+            ``loader.start_method`` and ``train.seed``.
         split (str): ``"train"`` shuffles, drops the last partial batch (``loader.drop_last``)
             and gives every rank the same number of batches; ``"val"`` reads every sample
             exactly once over all ranks, in order.
+        settings (LoaderSettings, optional): ``loader_settings``'s for this loader (data/settings.py);
+            default: resolved for this loader alone.
         rank, world_size (int, optional): for a map-style dataset, the share its sampler
             reads; default: the source's own, else the running process group's.
         collate_fn (callable, optional): default: the source's ``task.collate``, skipping bad
-            samples (:class:`SkipBadCollate`); torch's ``default_collate`` for other datasets.
-        shm_blocks (int, optional): the blocks a worker's hand-off pool may keep in /dev/shm
-            (:func:`plan_shared_memory` of this loader and the others it runs beside); default:
-            what fits for this loader alone. Raises :class:`SharedMemoryFull` when its workers
-            cannot run in /dev/shm even without a pool.
+            samples (:class:`~.source.SkipBadCollate`); torch's ``default_collate`` for other datasets.
     """
+    if settings is None:
+        from .settings import loader_settings
+
+        settings = loader_settings(cfg, {split: dataset})[split]
+    loader_class = Loader
     if isinstance(dataset, Source):
         if rank is None or world_size is None:
             rank, world_size = dataset.rank, dataset.world_size
@@ -348,177 +103,48 @@ def build_loader(
                 f"build_dataset(cfg, split, rank={rank}, world_size={world_size})"
             )
         collate_fn = collate_fn or SkipBadCollate(dataset.task.collate)
-    else:
-        if rank is None or world_size is None:
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        collate_fn = collate_fn or default_collate
-    train = split == "train"
-    s = resolve_settings(cfg, dataset)  # configs/tuned.yaml is applied once, before (tuned.with_tuned)
+        loader_class = dataset.loader_class(split) or Loader
+    elif rank is None or world_size is None:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    train, workers, batch_size = split == "train", settings.num_workers > 0, cfg.loader.batch_size
+    sampler = None
     if isinstance(dataset, IterableDataset):
-        if isinstance(dataset, Source) and train:
-            dataset.check_workers(s.num_workers)
-        sampler = None
+        if train and isinstance(dataset, Source):
+            dataset.check_workers(settings.num_workers)
     elif train:
         sampler = StatefulDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=cfg.train.seed)
-        batches = len(sampler) // cfg.loader.batch_size if cfg.loader.drop_last else len(sampler)
-        if batches == 0:
+        if (len(sampler) // batch_size if cfg.loader.drop_last else len(sampler)) == 0:
             raise UserError(
-                f"the train split has {len(dataset)} samples: with loader.batch_size={cfg.loader.batch_size} x "
+                f"the train split has {len(dataset)} samples: with loader.batch_size={batch_size} x "
                 f"world size {world_size} and loader.drop_last=true no batch is left (lower the batch size or add data)"
             )
     else:
         sampler = EvalSampler(len(dataset), rank=rank, num_replicas=world_size)
-    workers = s.num_workers > 0
-    if workers and shm_blocks is None:
-        shm_blocks = plan_shared_memory([(dataset, cfg, split)])[0]
-    drop_last = cfg.loader.drop_last if train else False
-    loader_class, extra = Loader, {}
-    if train and isinstance(dataset, IterableDataset) and isinstance(dataset, Source):
-        loader_class, extra = TailJoiningLoader, {"drop_joined_last": drop_last}
-        collate_fn, drop_last = JoinTails(collate_fn, cfg.loader.batch_size), False
+    collate_fn = collate_fn or default_collate
+    if settings.pool_blocks and workers:
+        from . import batch_pool  # beyond torch's public API: on where bench measured it faster
+
+        collate_fn = batch_pool.pooled(collate_fn, settings.pool_blocks)
+    options = loader_class.options(collate_fn, batch_size, cfg.loader.drop_last if train else False)
     with warnings.catch_warnings():  # torchdata calls torch.set_vital, which torch deprecates: not the user's concern
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
         return loader_class(
             dataset,
-            **extra,
-            batch_size=cfg.loader.batch_size,
+            batch_size=batch_size,
             sampler=sampler,
-            num_workers=s.num_workers,
-            collate_fn=collate_fn,
-            pin_memory=s.pin_memory,
-            drop_last=drop_last,
-            worker_init_fn=functools.partial(init_worker, os.getpid(), blocks=shm_blocks or 0),
+            num_workers=settings.num_workers,
+            pin_memory=settings.pin_memory,
+            worker_init_fn=functools.partial(init_worker, os.getpid()),
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
-            prefetch_factor=s.prefetch_factor if workers else None,
+            prefetch_factor=settings.prefetch_factor if workers else None,
             # Validation workers start for each evaluation and end after it: kept, they would sit
             # idle through every training epoch, each a process holding its own memory.
-            persistent_workers=s.persistent_workers if workers and train else False,
+            persistent_workers=settings.persistent_workers and workers and train,
             multiprocessing_context=worker_context(cfg.loader.start_method) if workers else None,
-            timeout=cfg.loader.timeout_s if workers else 0,
             split=split,
+            timeout_s=cfg.loader.timeout_s,
+            **options,
         )
-
-
-def plan_shared_memory(loaders: list[tuple[Any, Any, str]], processes: int | None = None) -> list[int]:
-    """The blocks a worker of each loader may keep in its hand-off pool, the loaders (``(dataset, cfg,
-    split)`` each, as :func:`build_loader` gets them) of this node's ``processes`` training processes
-    sharing /dev/shm (default: ``dist.processes_per_node()``): what fits beside the others, down to 0
-    (torch's own way). shm.py's NOTE gives the rule; blocks that ended processes of this project
-    left there are removed first.
-
-    Raises :class:`SharedMemoryFull` (one line: /dev/shm's size, what the settings need, the fixes)
-    when a loader's workers cannot run there even without a pool.
-    """
-    handoff.forget_exited()  # the blocks of workers that ended are free, before /dev/shm's room is read
-    room = shm.space()
-    if room is None:  # no /dev/shm (macOS, Windows): no limit of this kind
-        return [handoff.MOST_BLOCKS] * len(loaders)
-    files, size = shm.clear_dead(project.PACKAGE)
-    if files:
-        where = (files, shm.mb(size), shm.PATH)
-        log.warning("removed %d block(s) (%s) that ended processes of this project left in %s", *where)
-        room = shm.space() or room
-    processes = processes or dist.processes_per_node()
-    demands = [_demand(dataset, cfg, split, processes) for dataset, cfg, split in loaders]
-    blocks = shm.plan(demands, room, handoff.MOST_BLOCKS, processes)
-    short = [f"{n} for {d.name}" for d, n in zip(demands, blocks) if d.workers and n < handoff.MOST_BLOCKS]
-    if short:
-        _say_once(
-            f"/dev/shm holds {shm.mb(room.size)} ({shm.mb(room.free)} free): a worker's hand-off pool keeps "
-            f"{' and '.join(short)} of its {handoff.MOST_BLOCKS} blocks (0: torch's own way, a new block for "
-            f"each batch, slower); for full speed {shm.fixes(shm.full(demands, handoff.MOST_BLOCKS, processes))}"
-        )
-    return blocks
-
-
-_logged: set[str] = set()
-
-
-def _say_once(line: str) -> None:
-    if line not in _logged:
-        _logged.add(line)
-        log.info("%s", line)
-
-
-def shm_need(dataset, cfg, split: str) -> float:
-    """The MB of /dev/shm a loader of ``dataset`` at ``cfg``'s settings needs at the least (no pool)."""
-    return round(_demand(dataset, cfg, split, dist.processes_per_node()).need() / 1e6, 1)
-
-
-def _demand(dataset, cfg, split: str, processes: int) -> shm.Demand:
-    """What a loader of ``dataset`` at ``cfg``'s settings keeps in /dev/shm (shm.Demand)."""
-    s = resolve_settings(cfg, dataset, processes)
-    nbytes = batch_bytes(dataset, cfg.loader.batch_size) if s.num_workers else 0
-    return shm.Demand(
-        name=f"the {split} loader",
-        batch_bytes=nbytes,
-        workers=s.num_workers,
-        prefetch=s.prefetch_factor,
-        persistent=s.persistent_workers and split == "train",  # validation workers end with each evaluation
-        batch=f"loader.batch_size={cfg.loader.batch_size}, {shm.mb(nbytes / cfg.loader.batch_size)} a sample",
-    )
-
-
-def batch_bytes(dataset, batch_size: int) -> int:
-    """The shared memory one batch of ``batch_size`` takes, from a few of the source's first samples read
-    with its task (``task.batch_nbytes``), the random generators left as they were; 0 when unknown (a
-    dataset that is not a :class:`Source`, or none of the first samples reads)."""
-    if not isinstance(dataset, Source):
-        return 0
-    samples = []
-    with _generators_kept():
-        for data in dataset.peek(16):
-            try:
-                samples.append({"input": dataset.transformed("", dataset.task, data), "target": 0, "key": ""})
-            except Exception:  # a bad sample: the next one may do
-                continue
-            if len(samples) == min(batch_size, 4):
-                break
-    return dataset.task.batch_nbytes(samples, batch_size) if samples else 0
-
-
-@contextlib.contextmanager
-def _generators_kept() -> Iterator[None]:
-    """Torch's, NumPy's and Python's generators as they were after the block (a transform may draw)."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
-def batches(loader, split: str) -> Iterator[dict]:
-    """``loader``'s batches, its workers started with the stop signals blocked (workers.py).
-
-    # NOTE [ A stuck worker is an error, not a hang ]
-    # A worker blocked for good (a hung network file system or server, a deadlock) would
-    # otherwise keep its rank waiting forever, and the other ranks in their next collective:
-    # workers that send no batch for ``loader.timeout_s`` are a :class:`Stalled` naming the loader
-    # (:class:`Loader`). A mistake or an outage a worker found (a :class:`UserError`, a
-    # :class:`Stalled`) comes out as it was raised there, without the traceback torch adds.
-    """
-    with stop_signals_blocked():  # spawned workers inherit the mask (see worker_context)
-        iterator = iter(loader)
-    yield from iterator
-
-
-def said_in_worker(e: Exception) -> str | None:
-    """The message of an exception a loader worker raised, without the traceback torch adds (else None).
-
-    >>> said_in_worker(ValueError("Caught ValueError in DataLoader worker process 0.\\nOriginal Traceback "
-    ...     "(most recent call last):\\n  File ...\\nValueError: no such file\\n"))
-    'no such file'
-    """
-    text = str(e)
-    if not text.startswith(f"Caught {type(e).__name__} in DataLoader worker process"):
-        return None
-    for name in (f"{type(e).__module__}.{type(e).__qualname__}", type(e).__qualname__):
-        head, found, said = text.rpartition(f"\n{name}: ")
-        if found:
-            return said.rstrip("\n")
-    return None
 
 
 def set_epoch(loader, epoch: int) -> None:
@@ -529,46 +155,333 @@ def set_epoch(loader, epoch: int) -> None:
         loader.dataset.set_epoch(epoch)
 
 
-def planned_batches(loader) -> int | None:
-    """Batches every rank gets this epoch (the same number on all); ``None`` when the source cannot tell.
+class Loader(StatefulDataLoader):
+    """torchdata's StatefulDataLoader, its workers started with the stop signals blocked, its errors said
+    in one line: a mistake a worker found, as it was raised there (SkipBadCollate's NOTE); a worker that
+    died, from its exit code; workers that sent nothing for ``timeout_s``; a part that does not pickle;
+    /dev/shm full.
 
-    Call it after :func:`set_epoch`: a source's plan may change with the epoch.
+    Args:
+        split (str): what its messages call it (``"train"``, ``"val"``).
+        timeout_s (float): seconds one batch may take before :class:`Stalled` (0: no limit); the rest
+            are StatefulDataLoader's.
     """
-    dataset = loader.dataset
-    if not isinstance(dataset, IterableDataset):
-        return len(loader)
-    if isinstance(loader, TailJoiningLoader):
-        return dataset.planned_batches(loader.batch_size, loader.num_workers, loader.drop_joined_last)
-    return None
 
+    def __init__(self, *args, split: str = "train", timeout_s: float = 0, **kwargs) -> None:
+        self.split, self.timeout_s = split, timeout_s
+        self.workers: list[multiprocessing.Process] = []  # the worker processes of the running iterator
+        super().__init__(*args, **kwargs)
 
-def even_batches(batches: Iterable[dict], planned: int | None) -> Iterator[dict | None]:
-    """Exactly ``planned`` items, so that every rank takes the same number of steps.
+    @classmethod
+    def options(cls, collate_fn, batch_size: int, drop_last: bool) -> dict:
+        """The DataLoader arguments this kind of loader batches with (a source's own kind may join batches)."""
+        return {"collate_fn": collate_fn, "drop_last": drop_last}
 
-    The loader's batches come first; should it run dry early (a broken file, samples removed
-    under the run), ``None`` fills the rest and the step runs on a stand-in with zero weight;
-    short by more than a tenth of the epoch (and 2 batches), it is a :class:`DataError`. When
-    ``planned`` is ``None`` (a source that cannot count its rows), all ranks stop together at
-    the first rank's end, agreed by one collective per batch on a CPU group (no device sync).
-    """
-    if planned is None:
-        yield from dist.stop_together(batches)
-        return
-    it = iter(batches)
-    for done in range(planned):
-        batch = next(it, None)
-        if batch is None:
-            short, most = planned - done, max(2, planned // 10)
-            if short > most:  # not a few bad samples or a broken file: the counts are wrong
-                raise DataError(
-                    f"the loader ran dry after {done} of {planned} planned batches: {short} short, more than the "
-                    f"{most} stand-in steps that may fill an epoch; the data holds far fewer samples than its counts "
-                    "say (an index that overstates them, samples removed while training): fix the counts or the "
-                    "data, and run again"
-                )
-            log.warning(
-                "the loader ran dry after %d of %d planned batches: stand-in steps fill the rest", done, planned
+    def planned_batches(self) -> int | None:
+        """Batches every rank gets this epoch (``None``: not known before it ends); after :func:`set_epoch`."""
+        return None if isinstance(self.dataset, IterableDataset) else len(self)
+
+    def __iter__(self):
+        before = set(multiprocessing.active_children())
+        try:
+            with stop_signals_blocked():  # the workers start here, and inherit the mask
+                batches = super().__iter__()
+        except Exception as e:
+            raise self.explained(e) from None
+        self.workers = [p for p in multiprocessing.active_children() if p not in before] or self.workers
+        return self._checked(batches)
+
+    def _checked(self, batches):
+        try:
+            yield from self._checked_batches(batches)
+        finally:  # the epoch's workers end with it, unless they persist: their exit is no loss
+            if not self.persistent_workers:
+                self.workers = []
+
+    def _checked_batches(self, batches):
+        while True:
+            try:
+                with _deadline(self.timeout_s if self.num_workers else 0):
+                    batch = next(batches)
+            except StopIteration:
+                return
+            except _TimedOut:
+                raise Stalled(
+                    f"the {self.split} loader's workers sent no batch in {self.timeout_s} s (loader.timeout_s): one is"
+                    " stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), "
+                    "or the data is slower than that: raise loader.timeout_s"
+                ) from None
+            except Exception as e:
+                raise self.explained(e) from None
+            if "error" in batch:  # a mistake or an outage a worker found (SkipBadCollate)
+                raise batch["error"]
+            yield batch
+
+    def explained(self, e: Exception) -> Exception:
+        """What ``e``, raised while this loader waited for its workers, means: a worker that ended (its
+        exit code), /dev/shm full, a part that does not pickle; else ``e`` itself."""
+        if (dead := self.lost()) is not None:
+            return dead
+        space = shm_space()
+        if self.workers and space is not None and space[1] < MARGIN:  # a worker found no room for its batch
+            for worker in self.workers:  # the file torch failed to fill stays behind
+                for name in glob.glob(os.path.join(SHM, f"torch_{worker.pid}_*")):
+                    with contextlib.suppress(OSError):
+                        os.unlink(name)
+            return SharedMemoryFull(
+                f"the {self.split} loader's workers found no room for their batches in /dev/shm ({mb(space[0])}): "
+                f"something else fills it (`df -h {SHM}`), or batches are larger than the first ones; {FIXES}"
             )
-            yield from (None for _ in range(planned - done))
-            return
-        yield batch
+        if self.num_workers and self.multiprocessing_context is not None:
+            parts = {"dataset": self.dataset, "collate_fn": self.collate_fn}
+            return unpicklable(parts, self.split, self.multiprocessing_context.get_start_method()) or e
+        return e
+
+    def lost(self, wait_s: float = 5.0) -> WorkerLost | None:
+        """A :class:`WorkerLost` naming a worker of this loader that ended (``None``: all run), waiting up to
+        ``wait_s`` for one being killed to be seen ended (a broken hand-over comes first, as a
+        ConnectionResetError or EOFError)."""
+        deadline = time.monotonic() + wait_s
+        while self.workers:
+            dead = [p for p in self.workers if p.exitcode]  # ended by a signal, or an error
+            if dead:
+                return WorkerLost(died(self.split, dead[0].pid, dead[0].exitcode))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+        return None
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _timed_out(signum, frame) -> None:
+    raise _TimedOut
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Raise :class:`_TimedOut` in the block once ``seconds`` have passed (0: never; the main thread only:
+    an alarm, which torch's wait for a batch lets through, as it checks its workers every few seconds)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _timed_out)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- workers -----------------------------------------------------------------------------------
+METHODS = ("forkserver", "spawn")
+PRELOAD = f"{__package__}.loader"  # what the forkserver imports once: the data stack
+
+
+def start_method(method: str = "auto") -> str:
+    """``loader.start_method`` resolved: ``auto`` is ``$<PACKAGE>_START_METHOD`` when set (``spawn``: how
+    macOS and Windows start workers), else a forkserver where the system has one, else spawn."""
+    variable = f"{project.PACKAGE.upper()}_START_METHOD"
+    if method == "auto":
+        method = os.environ.get(variable) or "auto"
+        if method not in ("auto", *METHODS):
+            raise UserError(f"{variable}={method!r} is no start method (expected one of: {', '.join(METHODS)})")
+    if method == "auto":
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return method
+
+
+def worker_context(method: str = "auto"):
+    """The multiprocessing context workers start from (DataLoader's ``multiprocessing_context``).
+
+    # NOTE [ Workers start from a forkserver, with the stop signals blocked ]
+    # A worker forked from the training process copies every lock that process holds at that
+    # moment, and it runs threads (gloo's, tqdm's, the pin-memory thread): a lock held by one of
+    # them is copied locked, and the worker hangs before its first line. A forkserver is a
+    # single-threaded process that imports the data stack once; each worker is forked from it and
+    # gets its dataset by pickling (so a source holds paths and arrays, no open handle). It finds
+    # this package as a plain `python` would, so the folder holding it goes on PYTHONPATH. spawn
+    # starts a fresh interpreter per worker: as safe, slower to start. fork is never used.
+    # A signal sent to a rank's process group (torchrun's, Slurm's, Ctrl-C) stops the rank alone,
+    # which ends its workers after its checkpoint (stopping.py): the forkserver and spawned workers
+    # inherit the stop signals blocked (not ignored: none is lost). multiprocessing's resource
+    # tracker starts first, as starting it unblocks SIGINT and SIGTERM in its caller.
+    """
+    method = start_method(method)
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    ctx = multiprocessing.get_context(method)
+    _kill_workers_at_exit()
+    with stop_signals_blocked():
+        multiprocessing.resource_tracker.ensure_running()  # it unblocks SIGINT and SIGTERM here: blocked again next
+    if method == "forkserver":
+        ctx.set_forkserver_preload([PRELOAD])
+        with stop_signals_blocked():
+            multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Block the signals that stop a run (stopping.py) in this thread for the block: a process started in it
+    inherits the mask; a signal that arrives meanwhile waits, it is not lost."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def init_worker(rank_pid: int, worker_id: int) -> None:
+    """``worker_init_fn``: keep the stop signals blocked, seed NumPy and ``random``, end with the rank.
+
+    # NOTE [ Different augmentation in every worker; workers end with their rank ]
+    # The loader's ``generator`` is seeded with seed + rank and draws a base seed each time workers
+    # start; a worker's torch seed is base seed + worker id, and NumPy and ``random`` are seeded from
+    # it, so a third-party augmentation never repeats across workers. A worker started from the
+    # forkserver has the forkserver as its parent, which lives while any worker does: a rank killed
+    # with kill -9 (or by the OOM killer) would leave them running, so each worker watches its rank.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    try:
+        handle = os.pidfd_open(rank_pid)  # Linux: readable when the process ends
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):  # elsewhere: poll
+        handle = None
+
+    def wait() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        while handle is None and psutil.pid_exists(rank_pid):
+            time.sleep(2)
+        os._exit(0)
+
+    threading.Thread(target=wait, name=f"exit-with-{rank_pid}", daemon=True).start()
+
+
+@functools.cache
+def _kill_workers_at_exit() -> None:
+    """At exit, kill the workers still running: multiprocessing would send them SIGTERM, which they block,
+    and wait for them forever (after an ``error:`` line, a loader may still be open)."""
+
+    def kill() -> None:
+        for child in multiprocessing.active_children():
+            child.kill()
+
+    multiprocessing.util.Finalize(None, kill, exitpriority=100)
+
+
+# --- /dev/shm ----------------------------------------------------------------------------------
+# NOTE [ The loaders' batches and a container's /dev/shm ]
+# A worker hands each batch over in shared memory, a file in /dev/shm, which a container keeps
+# small (Docker: 64 MB unless `--shm-size`). A loader with w workers and prefetch_factor p holds
+# up to w x p batches in flight while training holds 2 more; a batch pool (batch_pool.py) keeps
+# its blocks while its workers live, through validation too. Before any worker starts, what the
+# loaders of this node's training processes need is held against what is free: the pool gets
+# what fits beside torch's own need, and too little even for that is one line naming the size,
+# the need and the fixes, not a bus error in a worker in the middle of an epoch.
+SHM = "/dev/shm"
+HELD = 2  # batches the training process holds while the next one arrives
+MARGIN = 2 << 20  # for the rest: the batches' small tensors, multiprocessing's own
+MOST_BLOCKS = 8  # the most a worker's batch pool keeps
+FIXES = (
+    "give it more: `docker run --shm-size=1g` (or `--ipc=host`), on Kubernetes a volume `emptyDir: {medium: Memory}` "
+    "mounted at /dev/shm; or lower loader.num_workers (0 needs none), loader.prefetch_factor or loader.batch_size"
+)
+
+
+def shm_space() -> tuple[int, int] | None:
+    """``(size, free)`` bytes of /dev/shm; ``None`` where there is none (macOS, Windows: no such limit)."""
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def mb(n: float) -> str:
+    """``n`` bytes in MB, as a message gives them.
+
+    >>> mb(9_633_792), mb(67_108_864)
+    ('9.6 MB', '67 MB')
+    """
+    return f"{n / 1e6:.2g} MB" if n < 1e7 else f"{n / 1e6:.0f} MB"
+
+
+def plan_shm(datasets: dict[str, Any], settings: dict, batch_size: int, processes: int | None = None) -> dict[str, int]:
+    """Hold the loaders' need of /dev/shm (``{split: dataset}`` at ``{split: LoaderSettings}``, of this node's
+    ``processes`` training processes: default ``dist.processes_per_node()``) against what is free there: size
+    each batch pool (``pool_blocks``) to what fits beside it, down to none. Returns each loader's need
+    without a pool, in bytes.
+
+    Raises :class:`SharedMemoryFull` naming the loader that does not fit even without a pool.
+    """
+    sizes = {k: batch_bytes(d, batch_size) if settings[k].num_workers else 0 for k, d in datasets.items()}
+    needs = {k: shm_need(s, sizes[k]) for k, s in settings.items()}
+    for split, s in settings.items():  # a pool for the training loader: validation's workers end each time
+        s.pool_blocks = MOST_BLOCKS if s.batch_pool and s.num_workers and split == "train" else 0
+    if (space := shm_space()) is None:
+        return needs
+    processes = processes or dist.processes_per_node()
+    budget = space[1] // processes - MARGIN
+    for split, s in settings.items():
+        if s.num_workers and needs[split] > budget:
+            each = f" of each of this node's {processes} training processes" if processes > 1 else ""
+            raise SharedMemoryFull(
+                f"/dev/shm holds {mb(space[0])} ({mb(space[1])} free), and the {split} loader{each} needs "
+                f"{mb(needs[split])} of it: loader.num_workers={s.num_workers} x loader.prefetch_factor="
+                f"{s.prefetch_factor} batches in flight and {HELD} the training process holds, each "
+                f"{mb(sizes[split])} (loader.batch_size={batch_size}); {FIXES}"
+            )
+
+    def peak() -> int:  # one loader runs while the others' pools wait (those of ended workers: till a new one)
+        run = {
+            k: (s.num_workers * max(s.prefetch_factor, s.pool_blocks) + HELD) * sizes[k] for k, s in settings.items()
+        }
+        kept = {k: s.num_workers * s.pool_blocks * sizes[k] for k, s in settings.items()}  # mapped till the next epoch
+        return max(run[k] + sum(kept.values()) - kept[k] for k in settings)
+
+    for s in settings.values():
+        while s.pool_blocks and peak() > budget:
+            s.pool_blocks = s.pool_blocks - 1 if s.pool_blocks > 2 else 0
+        if s.batch_pool and s.num_workers and not s.pool_blocks:
+            log.info(
+                "/dev/shm (%s free) has no room for a batch pool beside the loaders: torch's own way", mb(space[1])
+            )
+    return needs
+
+
+def shm_need(settings, batch: int) -> int:
+    """The bytes of /dev/shm a loader at ``settings`` (LoaderSettings) holds at the most without a pool, its
+    batches ``batch`` bytes each: its workers' batches in flight, and those the training process holds."""
+    return (settings.num_workers * settings.prefetch_factor + HELD) * batch if settings.num_workers else 0
+
+
+def batch_bytes(dataset, batch_size: int) -> int:
+    """The shared memory of one batch: a few of the source's first samples read with its task and batched
+    (the random generators left as they were); 0 when unknown (not a :class:`Source`, or none reads)."""
+    if not isinstance(dataset, Source):
+        return 0
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    samples = []
+    try:
+        for data in dataset.peek(16):
+            with contextlib.suppress(Exception):  # a bad sample: the next one may do
+                samples.append({"input": dataset.transformed("", dataset.task, data), "target": 0, "key": ""})
+            if len(samples) == min(batch_size, 4):
+                break
+        batch = dataset.task.collate(samples) if samples else {}
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+    return sum(v.nbytes for v in batch.values() if torch.is_tensor(v)) * batch_size // max(1, len(samples))

@@ -31,18 +31,22 @@ import abc
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import multiprocessing
 import random
+import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from .. import dist
-from ..errors import UserError
+from ..errors import Stalled, UserError
 from ..task import Task
+
+log = logging.getLogger(__name__)
 
 
 class Sample(NamedTuple):
@@ -77,8 +81,7 @@ class Source(abc.ABC):
     # (train.seed, epoch, key) just before its transform runs: the same sample in the same epoch
     # gets the same random numbers at any num_workers, prefetch_factor or persistent_workers,
     # resumed or not, and another epoch gets new ones. In a loader worker torch's, NumPy's and
-    # Python's generators are seeded (a third-party augmentation draws from any of them; a task
-    # whose ``generators`` names fewer, as the image task's does for its own crop, gets those); in the
+    # Python's generators are seeded (a third-party augmentation draws from any of them); in the
     # training process itself (num_workers=0) only torch's, saved and restored around the sample,
     # so the model's own random numbers (dropout) run on undisturbed, and a checkpoint holds them.
 
@@ -116,7 +119,7 @@ class Source(abc.ABC):
             rank, world_size = dist.get_rank(), dist.get_world_size()
         task = task if task is not None else Task(cfg.data, split)
         source = cls(cfg.data, split, task, seed=cfg.train.seed, rank=rank, world_size=world_size)
-        source.task.prepare(source.peek(16), where=cfg.data.root)
+        source.task.prepare(source.peek(16), where=cfg.data.root, num_classes=source.num_classes)
         return source
 
     @classmethod
@@ -172,15 +175,20 @@ class Source(abc.ABC):
         """``transform(data)`` for sample ``key``; in training, with random numbers from (seed, epoch, key)."""
         if self.split != "train":
             return transform(data)
-        # a task may name fewer generators than all (its ``generators``), for its own transform alone
-        own = getattr(transform, "__self__", transform) is self.task
-        generators = getattr(self.task, "generators", GENERATORS) if own else GENERATORS
-        with sample_rng(sample_seed(self.seed, self.epoch, key), generators):
+        with sample_rng(sample_seed(self.seed, self.epoch, key)):
             return transform(data)
 
     def __getitems__(self, indices: list[int]) -> list[dict]:
-        """A map-style source's batch of samples, as DataLoader fetches it (the task reads them: fetch)."""
-        return self.task.fetch(self.__getitem__, indices)
+        """A map-style source's batch of samples, as DataLoader fetches it in a worker: a mistake or an outage
+        met there travels with the batch (:class:`SkipBadCollate`)."""
+        try:
+            return [self[i] for i in indices]
+        except (UserError, Stalled) as e:
+            return [{"key": "", "error": e}]
+
+    def loader_class(self, split: str):
+        """The kind of loader that batches this source (``None``: data/loader.py's ``Loader``)."""
+        return None
 
     @abc.abstractmethod
     def peek(self, n: int) -> list[bytes]:
@@ -253,27 +261,105 @@ def sample_seed(seed: int, epoch: int, key: str) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-GENERATORS = ("torch", "numpy", "random")  # what an augmentation may draw from (a task may name fewer: generators)
-
-
 @contextlib.contextmanager
-def sample_rng(seed: int, generators: tuple[str, ...] = GENERATORS) -> Iterator[None]:
+def sample_rng(seed: int) -> Iterator[None]:
     """Seed the random generators for one sample (see the NOTE in :class:`Source`); about 10 us.
 
-    ``generators``: those the sample's augmentation draws from (a task's ``generators``, if it says;
-    torch's is always seeded). In the training process only torch's is, saved and restored.
+    In a loader worker torch's, NumPy's and Python's; in the training process only torch's, saved
+    and restored around the sample (the model's own random numbers run on undisturbed).
     """
     generator = torch.default_generator
     in_worker = get_worker_info() is not None
     saved = None if in_worker else generator.get_state()
     generator.manual_seed(seed)
     if in_worker:  # the process is the loader's: its generators serve nothing else
-        if "numpy" in generators:
-            np.random.seed(seed % 2**32)
-        if "random" in generators:
-            random.seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
     try:
         yield
     finally:
         if saved is not None:
             generator.set_state(saved)
+
+
+class SkipBadCollate:
+    """Batch the good samples with ``collate`` and carry the bad ones' ``(key, reason)`` in ``batch["bad"]``.
+
+    # NOTE [ Bad samples and mistakes travel with the batch ]
+    # A worker process cannot stop the run or keep a count the main process sees, so a sample
+    # that fails to read or decode becomes ``{"key", "bad"}`` and rides along with its batch;
+    # the training loop counts them in one place (its BadSampleBudget). A batch whose samples
+    # were all bad is ``{"key": [], "bad": [...]}``: it never reaches the model. A mistake or an
+    # outage a source meets in a worker (``{"key", "error": UserError}``) travels the same way,
+    # and the loader raises it as it was raised, without the traceback a worker's error gets.
+    """
+
+    def __init__(self, collate) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: list[dict]) -> dict[str, Any]:
+        errors = [s["error"] for s in samples if "error" in s]
+        if errors:
+            return {"error": errors[0], "key": [], "bad": []}
+        good = [s for s in samples if "bad" not in s]
+        batch = self.collate(good) if good else {"key": []}
+        batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
+        return batch
+
+
+class BadSampleBudgetExceeded(UserError, RuntimeError):
+    """More distinct samples failed than ``data.bad_sample_budget`` allows."""
+
+
+class BadSampleBudget:
+    """Log each unreadable sample once and stop the run when there are too many (in the process that owns
+    the run: bad samples reach it with their batch, see :class:`SkipBadCollate`).
+
+    Args:
+        budget (int): how many distinct bad samples are tolerated (``data.bad_sample_budget``).
+
+    >>> b = BadSampleBudget(1)
+    >>> b.update([("train/cat/0001", "truncated")])
+    >>> b.count
+    1
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bad: dict[str, str] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.bad)
+
+    def update(self, bad: list[tuple[str, str]]) -> None:
+        for key, reason in bad:
+            if key in self.bad:
+                continue  # the same file fails again next epoch: counted once
+            self.bad[key] = reason
+            log.warning("skipped bad sample %s: %s", key, reason)
+        if len(self.bad) > self.budget:
+            listing = "\n".join(f"  {k}: {r}" for k, r in self.bad.items())
+            raise BadSampleBudgetExceeded(
+                f"{len(self.bad)} bad samples exceed data.bad_sample_budget={self.budget}; "
+                f"fix or remove them, or raise the budget:\n{listing}"
+            )
+
+    def state_dict(self) -> dict[str, str]:
+        """The bad samples seen so far (a checkpoint keeps them: a resumed run counts each once)."""
+        return dict(self.bad)
+
+    def load_state_dict(self, bad: dict[str, str]) -> None:
+        self.bad = dict(bad)
+
+
+def bad_reason(e: BaseException) -> str:
+    r"""Why a sample could not be read, in one line: the error's type and first line, without the source
+    paths of a library's build machine that some decoders put in their messages.
+
+    >>> bad_reason(RuntimeError("Decode failed /__w/vision/src/decode_jpeg.cpp:171: bad Huffman code\nmore"))
+    'RuntimeError: Decode failed: bad Huffman code'
+    """
+    first = (str(e).strip().splitlines() or [""])[0]
+    first = re.sub(r"\s*\(?[\w.\\-]*[/\\][\w./\\-]+\.(?:cpp|cxx|cc|hpp|c|h)\b(?::\d+)?\)?", "", first)
+    return f"{type(e).__name__}: {first.strip()}"[:300]
