@@ -7,6 +7,7 @@ SOURCES (test_every_offered_choice_is_rendered fails until a new choice is liste
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import json
@@ -24,6 +25,7 @@ import yaml
 from conftest import (
     COPIER_YML,
     RENDERED_TESTS_TIMEOUT_S,
+    REPO,
     copier_questions,
     copy_template_repo,
     git,
@@ -270,7 +272,7 @@ VARIANT_MARKERS = [
     ("data_source", {"stream", "shards"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
     ("data_source", {"folder"}, [r"FolderSource"]),
     ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
-    ("data_format", {"image"}, [r"image_size", r"decode_image", r"jpe?g", r"RandomResizedCrop"]),
+    ("data_format", {"image"}, [r"image_size", r"jpe?g", r"RandomResizedCrop", r"\bcv2\b"]),
     ("data_format", {"tensor"}, [r"(?<![a-z])\.npy", r"allow_pickle"]),  # not a cache's index.npy
     ("data_format", {"sequence"}, [r"max_len", r"\btokens?\b", r"utf-8 text"]),
 ]
@@ -286,15 +288,18 @@ COMMON_DATA_MODULES = {
     "sample.py",
     "source.py",
     "loader.py",
-    "workers.py",
-    "budget.py",
-    "tuned.py",
+    "settings.py",
+    "batch_pool.py",
     "synthetic.py",
     "marker.py",
     "cache.py",
     "cache_writer.py",
     "pack.py",
 }
+
+
+# Names that only a project with GPUs uses (where the crop and decode of images may run on the device).
+GPU_MARKERS = [r"augment_on", r"decode_on", r"torchcodec", r"roi_align", r"device_path"]
 
 
 def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:
@@ -314,7 +319,118 @@ def test_only_the_chosen_code_is_rendered(project: Rendered) -> None:
                     for p in patterns
                     if re.search(p, text, re.I)
                 ]
+    if project.answers["num_gpus"] == 0 or project.answers["data_format"] != "image":
+        for rel, content in project.files.items():
+            if rel.startswith(("src/", "configs/", "pyproject.toml")):
+                text = content.decode("utf-8")
+                problems += [f"{rel}: {p!r} (a project without GPUs)" for p in GPU_MARKERS if re.search(p, text)]
     assert not problems, "code of answers not chosen:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public API of torch, torchdata and torchvision
+# ---------------------------------------------------------------------------------------------
+
+# The libraries whose public API the default path keeps to, and the one module allowed beyond it.
+LIBRARIES = ("torch", "torchdata", "torchvision")
+BEYOND_THE_PUBLIC_API = "data/batch_pool.py"
+# Python's own names that begin with an underscore and are public (os._exit, a namedtuple's methods).
+PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_replace", "_asdict", "_fields", "_make"}
+# What a module that parses torch's messages, or swaps its signal handlers, would say.
+TORCH_MESSAGES = (
+    "DataLoader worker (pid",
+    "exited unexpectedly",
+    "is killed by signal",
+    "DataLoader timed out",
+    "unable to allocate shared memory",
+    "in DataLoader worker process",
+)
+
+
+def private_api_uses(source: str) -> list[str]:
+    """Each use of a private part of torch, torchdata or torchvision in a module's ``source``, as a line.
+
+    An import of a module or name of theirs that begins with an underscore; an attribute of theirs
+    so named (``torch._C``, ``x._cdata``: an underscored attribute the module never defines itself);
+    a change of the SIGCHLD handler torch sets; a literal that quotes one of torch's messages.
+
+    >>> private_api_uses("import torch\\nn = torch._C._storage_Use_Count(s._cdata)")
+    ['line 2: torch._C._storage_Use_Count', 'line 2: ._cdata', 'line 2: torch._C']
+    >>> private_api_uses("class A:\\n    def f(self):\\n        self._x = os._exit")
+    []
+    """
+    tree = ast.parse(source)
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+    }
+    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    own |= {
+        t.attr
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Attribute)
+    }
+    own |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    own |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+    uses = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORED
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIBRARIES:
+            parts = [*node.module.split("."), *(a.name for a in node.names)]
+            uses += [
+                f"line {node.lineno}: from {node.module} import {a.name}"
+                for a in node.names
+                if any(map(private, parts))
+            ]
+        elif isinstance(node, ast.Import):
+            uses += [
+                f"line {node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] in LIBRARIES and any(map(private, a.name.split(".")))
+            ]
+        elif isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in LIBRARIES:
+                uses.append(f"line {node.lineno}: {ast.unparse(node)}")
+            elif node.attr not in own:
+                uses.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("signal.signal", "getattr", "hasattr"):
+            text = ast.unparse(node)
+            if "SIGCHLD" in text or any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) and private(a.value) and a.value not in own
+                for a in node.args[1:2]
+            ):
+                uses.append(f"line {node.lineno}: {text}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            uses += [f"line {node.lineno}: quotes {m!r}" for m in TORCH_MESSAGES if m in node.value]
+    return uses
+
+
+def test_the_data_path_keeps_to_the_public_api_but_in_one_module(project: Rendered) -> None:
+    """Every use of a private part of torch, torchdata or torchvision in the project's code, listed: none
+    outside data/batch_pool.py (the mechanism ``loader.batch_pool`` switches on where bench measured it
+    faster), whose own uses the scan finds (it finds what it looks for)."""
+    found = {}
+    for rel, content in project.files.items():
+        code = rel.startswith(f"src/{project.package}/") and rel.endswith(".py")
+        if code and (uses := private_api_uses(content.decode("utf-8"))):
+            found[rel.removeprefix(f"src/{project.package}/")] = uses
+    outside = {rel: uses for rel, uses in found.items() if rel != BEYOND_THE_PUBLIC_API}
+    assert not outside, (
+        "private parts of torch, torchdata or torchvision used outside data/batch_pool.py:\n"
+        + "\n".join(f"{rel}: {use}" for rel, uses in outside.items() for use in uses)
+    )
+    assert BEYOND_THE_PUBLIC_API in found, "the scan finds none of batch_pool.py's own uses"
 
 
 def test_the_seed_config_sets_a_few_keys_to_their_defaults(project: Rendered) -> None:
@@ -424,6 +540,12 @@ def test_pyproject(project: Rendered) -> None:
     assert pyproject["project"]["name"] == project.package.replace("_", "-")
     # torch 2.5: barrier() uses the device bound to the process group (2.4 guesses one, and can hang)
     assert "torch>=2.5" in pyproject["project"]["dependencies"]
+    # the lower bounds are the versions scripts/compat.sh runs the fast suite on ("oldest")
+    oldest = re.search(r'"oldest\|([^"]+)"', (REPO / "scripts" / "compat.sh").read_text(encoding="utf-8"))[1]
+    for pin in oldest.split():
+        name, version = pin.split("==")
+        bound = ".".join(version.split(".")[:2])
+        assert f"{name}>={bound}" in pyproject["project"]["dependencies"], (pin, pyproject["project"]["dependencies"])
 
 
 def test_a_container_recipe_users_can_copy(project: Rendered) -> None:
@@ -481,11 +603,12 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
       methods, the image crops' own behaviour) depend on neither: they run in the folder image
       project only.
-    - The GPU answers render the same Python but for project.py's numbers (on a CPU machine they
-      train on the CPU): what those numbers change, the launcher and the config, does not depend
-      on the source or the format: it is tested on the folder image project, with the Slurm
-      script's protocol under stub Slurm commands (test_slurm.py runs it under a real Slurm);
-      the rest would only repeat the CPU answers' suite on this machine.
+    - The GPU answers render the same Python but for project.py's numbers and, in an image project,
+      the device path (device_path.py: the crop and the JPEG decode on the device; on a CPU machine
+      they run on the CPU): what those change, the launcher, the config and the device path, does
+      not depend on the source: it is tested on the folder image project, with the Slurm script's
+      protocol under stub Slurm commands (test_slurm.py runs it under a real Slurm); the rest would
+      only repeat the CPU answers' suite on this machine.
     """
     assert any(re.fullmatch(r"tests/test_\w+\.py", rel) for rel in project.files), "the project has no tests"
     env = project_env(project.path)
@@ -494,7 +617,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     if project.answers["num_gpus"] > 0:
         if project.answers["data_format"] != "image" or source != "folder":
             pytest.skip("the GPU answers' launcher and config depend on neither source nor format: run on folder/image")
-        selection = ["-m", "(not slow and not common) or slurm", "tests/test_launch.py", "tests/test_config.py"]
+        own = ["tests/test_launch.py", "tests/test_config.py", "tests/test_device_path.py"]  # and the device path
+        selection = ["-m", "not slow or slurm", *own]
     elif project.answers["data_format"] != "image":
         if source not in FORMAT_SOURCES[project.answers["data_format"]]:
             pytest.skip("a format runs on the folder source and on one that streams (FORMAT_SOURCES)")
@@ -502,7 +626,7 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         selection = ["-m", "not slow and not common", *files, "tests/test_bench.py::test_cli_sample_data_bench_train"]
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
-        # its fast tests run under spawn, with a user's changes (test_users_changes.py)
+        # its fast tests run with a user's changes (test_users_changes.py)
         selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"

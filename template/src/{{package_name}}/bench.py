@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import statistics
@@ -396,6 +397,7 @@ def run_bench(
         # on only where measured faster: it is beyond torch's public API (data/batch_pool.py)
         tuned["batch_pool"] = pool["on"] > (1 + TOLERANCE) * pool["off"]
         figures["batch_pool_samples_per_s"] = pool
+    gc.collect()  # the timed loaders are gone: their workers' blocks are unmapped here too (batch_pool.py)
     if (space := shm_space()) is not None:  # what /dev/shm allows: each point's need, the settings skipped
         report["shm"] = {"size_mb": round(space[0] / 1e6, 1), "free_mb": round(space[1] / 1e6, 1), "skipped": skipped}
     if not quick and chosen["num_workers"] > 0:

@@ -302,7 +302,15 @@ def _read_yaml(path: Path):
     try:
         tree = OmegaConf.load(path)
     except Exception as e:  # the YAML parser's errors carry the line and column
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        tabs = [n for n, line in enumerate(text, 1) if "\t" in line[: len(line) - len(line.lstrip())]]
+        if tabs:  # YAML indents with spaces only; its parser's error never says "tab"
+            raise ConfigError(
+                f"config file {path} indents line {tabs[0]} with a tab, which YAML does not allow: "
+                "indent with spaces"
+            ) from None
+        said = " ".join(str(e).split())
+        raise ConfigError(f"config file {path} is not valid YAML: {said}") from None
     if not OmegaConf.is_dict(tree):
         sections = ", ".join(f.name for f in dataclasses.fields(Config))
         raise ConfigError(f"config file {path} must hold a mapping of sections ({sections})")

@@ -33,6 +33,7 @@ import functools
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -60,7 +61,9 @@ def pooled(collate, blocks: int):
     if _private_api() is None:
         log.info("loader.batch_pool: torch %s lacks what the pool needs: batches go torch's own way", torch.__version__)
         return collate
-    return Pooled(collate, blocks)
+    pooled = Pooled(collate, blocks)
+    weakref.finalize(pooled, _forget, pooled.ident)  # its loader gone: the blocks its workers sent, unmapped here
+    return pooled
 
 
 class Pooled:
@@ -68,9 +71,10 @@ class Pooled:
 
     def __init__(self, collate, blocks: int) -> None:
         self.collate, self.blocks = collate, blocks
+        self.ident = os.urandom(8).hex()  # names its loader's pools in the training process
 
     def __call__(self, samples):
-        pool = _worker_pool(self.blocks)
+        pool = _worker_pool(self.blocks, self.ident)
         if pool is None:
             return self.collate(samples)
         table = _private_api()[2]
@@ -91,8 +95,8 @@ class Pooled:
 class Pool:
     """The blocks of one loader worker (at most ``most``), and their flags (1: handed over, maybe in use)."""
 
-    def __init__(self, most: int) -> None:
-        self.most, self.pid = most, os.getpid()
+    def __init__(self, most: int, owner: str) -> None:
+        self.most, self.pid, self.owner = most, os.getpid(), owner
         self.ident = os.urandom(8).hex()  # names this pool in the training process (a pid is reused)
         self.blocks: list[torch.UntypedStorage | None] = []
         self.generation: list[int] = []  # a block's, counted up each time its index gets a new one
@@ -145,14 +149,14 @@ class Pool:
 _pool: Pool | None = None
 
 
-def _worker_pool(blocks: int) -> Pool | None:
+def _worker_pool(blocks: int, owner: str) -> Pool | None:
     """This loader worker's pool (``None`` outside a worker, or when /dev/shm has no room even for its flags)."""
     global _pool
     if get_worker_info() is None or blocks < 1:
         return None
     if _pool is None or _pool.pid != os.getpid():  # a worker's own (a fork carries none worth keeping)
         try:
-            _pool = Pool(blocks)
+            _pool = Pool(blocks, owner)
         except RuntimeError:  # no room in /dev/shm even for its flags: torch's own way
             return None
     return _pool
@@ -205,7 +209,7 @@ class HandedBatch(dict):
                     value = _Value(value.numpy())
             items.append((key, value))
         flags, pool.flags_sent = None if pool.flags_sent else pool.flags, True
-        return _unpickled, (pool.ident, pool.pid, flags, items)
+        return _unpickled, (pool.ident, pool.pid, flags, items, pool.owner)
 
 
 def _mark(batch, pool: Pool, handed: list[tuple[int, int]]):
@@ -236,6 +240,7 @@ class _Remote:
 
     pid: int
     flags: torch.Tensor
+    owner: str  # the Pooled collate (its loader) whose workers' pool this is
     blocks: dict[int, tuple[int, torch.UntypedStorage]] = field(default_factory=dict)  # i -> (generation, block)
     watched: set[int] = field(default_factory=set)  # handed over, not given back yet
 
@@ -246,7 +251,7 @@ _pools: dict[str, _Remote] = {}
 _lock = threading.Lock()
 
 
-def _unpickled(ident: str, pid: int, flags: torch.Tensor | None, items: list) -> dict:
+def _unpickled(ident: str, pid: int, flags: torch.Tensor | None, items: list, owner: str) -> dict:
     """A handed batch in the training process: a plain dict, its block tensors on this process's maps of the
     worker's blocks. Meanwhile every block no tensor here uses any more goes back to its worker."""
     use_count = _private_api()[0]
@@ -261,7 +266,7 @@ def _unpickled(ident: str, pid: int, flags: torch.Tensor | None, items: list) ->
                 raise RuntimeError(f"loader worker {pid}'s first batch never arrived here (its stderr may say why)")
             for gone in [k for k, p in _pools.items() if not _alive(p.pid)]:  # the blocks of workers that ended
                 del _pools[gone]
-            pool = _pools[ident] = _Remote(pid, flags)
+            pool = _pools[ident] = _Remote(pid, flags, owner)
         batch = {}
         for key, value in items:
             if isinstance(value, _InBlock):
@@ -286,3 +291,10 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def _forget(owner: str) -> None:
+    """Unmap the blocks of the pools of one loader's workers (its collate is gone); tensors still used keep theirs."""
+    with _lock:
+        for ident in [i for i, p in _pools.items() if p.owner == owner]:
+            del _pools[ident]

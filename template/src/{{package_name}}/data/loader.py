@@ -193,29 +193,26 @@ class Loader(StatefulDataLoader):
 
     def _checked(self, batches):
         try:
-            yield from self._checked_batches(batches)
+            while True:
+                try:
+                    with _deadline(self.timeout_s if self.num_workers else 0):
+                        batch = next(batches)
+                except StopIteration:
+                    return
+                except _TimedOut:
+                    raise Stalled(
+                        f"the {self.split} loader's workers sent no batch in {self.timeout_s} s (loader.timeout_s): "
+                        "one is stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` "
+                        "shows where), or the data is slower than that: raise loader.timeout_s"
+                    ) from None
+                except Exception as e:
+                    raise self.explained(e) from None
+                if "error" in batch:  # a mistake or an outage a worker found (SkipBadCollate)
+                    raise batch["error"]
+                yield batch
         finally:  # the epoch's workers end with it, unless they persist: their exit is no loss
             if not self.persistent_workers:
                 self.workers = []
-
-    def _checked_batches(self, batches):
-        while True:
-            try:
-                with _deadline(self.timeout_s if self.num_workers else 0):
-                    batch = next(batches)
-            except StopIteration:
-                return
-            except _TimedOut:
-                raise Stalled(
-                    f"the {self.split} loader's workers sent no batch in {self.timeout_s} s (loader.timeout_s): one is"
-                    " stuck (a hung file system or server, a deadlock; `py-spy dump --pid <worker pid>` shows where), "
-                    "or the data is slower than that: raise loader.timeout_s"
-                ) from None
-            except Exception as e:
-                raise self.explained(e) from None
-            if "error" in batch:  # a mistake or an outage a worker found (SkipBadCollate)
-                raise batch["error"]
-            yield batch
 
     def explained(self, e: Exception) -> Exception:
         """What ``e``, raised while this loader waited for its workers, means: a worker that ended (its
