@@ -306,8 +306,7 @@ def _read_yaml(path: Path):
         tabs = [n for n, line in enumerate(text, 1) if "\t" in line[: len(line) - len(line.lstrip())]]
         if tabs:  # YAML indents with spaces only; its parser's error never says "tab"
             raise ConfigError(
-                f"config file {path} indents line {tabs[0]} with a tab, which YAML does not allow: "
-                "indent with spaces"
+                f"config file {path} indents line {tabs[0]} with a tab, which YAML does not allow: indent with spaces"
             ) from None
         said = " ".join(str(e).split())
         raise ConfigError(f"config file {path} is not valid YAML: {said}") from None

@@ -13,9 +13,8 @@ import datetime
 import functools
 import logging
 import os
-import pickle
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as torch_dist
@@ -246,31 +245,9 @@ def broadcast_from_main(obj):
     return box[0]
 
 
-def share_from_main(key: str, make: Callable[[], object]):
-    """Rank 0's ``make()`` on every rank, handed over through the job's store (``make()`` alone in one process).
-
-    Not a collective: rank 0 never waits, so a call only rank 0 makes (bench's, on rank 0 alone)
-    cannot pair with another rank's collective; the others wait for rank 0's answer under ``key``
-    (at most ``dist.timeout_s``). What ``make()`` raises on rank 0 is raised on every rank.
-    """
-    if not is_distributed() or _store is None:
-        return make()
-    key = f"shared/{key}"
-    if is_main_process():
-        try:
-            value = make()
-        except (UserError, Stalled) as e:
-            _store.set(key, pickle.dumps(e))
-            raise
-        except Exception as e:  # a bug: rank 0 shows its traceback, the others stop with its name
-            _store.set(key, pickle.dumps(RuntimeError(f"rank 0 failed ({key}): {e!r}")))
-            raise
-        _store.set(key, pickle.dumps(value))
-        return value
-    value = pickle.loads(_store.get(key))  # noqa: S301 (rank 0's own answer, through the job's store)
-    if isinstance(value, BaseException):
-        raise value
-    return value
+def store():
+    """The job's key-value store (torchrun's: this attempt's keys), or ``None`` outside a process group."""
+    return _store
 
 
 def stop_together(batches: Iterable) -> Iterator:
