@@ -11,6 +11,7 @@ in the range of photos of that size saved at that quality, so decoding costs wha
 from __future__ import annotations
 
 import argparse
+import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -52,18 +53,23 @@ def _noise(seed: int, shape: tuple[int, int] = (NOISE_TILE, NOISE_TILE)) -> np.n
     return grain + rng.standard_normal((*shape, 3), dtype=np.float32) * 3
 
 
-def _write_part(out: str, jobs: list[tuple[str, int, int]], seed: int, sides: tuple[int, int]) -> int:
-    import torch
-    from torchvision.io import encode_jpeg
+def jpeg(hwc: np.ndarray, quality: int = 90) -> bytes:
+    """An HWC uint8 RGB image as JPEG bytes (PIL: libjpeg-turbo, 4:2:0 chroma; the same bytes as torchvision's
+    deprecated ``encode_jpeg`` at that quality)."""
+    from PIL import Image
 
-    torch.set_num_threads(1)
+    out = io.BytesIO()
+    Image.fromarray(hwc).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _write_part(out: str, jobs: list[tuple[str, int, int]], seed: int, sides: tuple[int, int]) -> int:
     noise, written = _noise(seed), 0
     for split, label, index in jobs:
         rng = np.random.default_rng([seed, label, index, split == "val"])
         width, height = (int(s) for s in rng.integers(sides[0], sides[1] + 1, 2))
-        chw = torch.from_numpy(photo(rng, width, height, noise)).permute(2, 0, 1).contiguous()
         path = Path(out, split, f"class_{label}", f"{index:06d}.jpg")
-        path.write_bytes(encode_jpeg(chw, quality=90).numpy().tobytes())
+        path.write_bytes(jpeg(photo(rng, width, height, noise)))
         written += path.stat().st_size
     return written
 
@@ -81,16 +87,12 @@ def write_photos(out: str | os.PathLike, train: int, val: int, seed: int = 0, wo
 
 def write_large(out: str | os.PathLike, count: int, seed: int = 0) -> list[Path]:
     """Write ``count`` 3000 x 2250 JPEGs (quality 90) into ``out``; returns their paths."""
-    import torch
-    from torchvision.io import encode_jpeg
-
     Path(out).mkdir(parents=True, exist_ok=True)
     noise, paths = _noise(seed), []
     for i in range(count):
         rng = np.random.default_rng([seed, 99, i])
-        chw = torch.from_numpy(photo(rng, 3000, 2250, noise)).permute(2, 0, 1).contiguous()
         path = Path(out, f"large_{i:03d}.jpg")
-        path.write_bytes(encode_jpeg(chw, quality=90).numpy().tobytes())
+        path.write_bytes(jpeg(photo(rng, 3000, 2250, noise)))
         paths.append(path)
     return paths
 

@@ -5,16 +5,19 @@
 ``loaders.py`` starts one of these per row and round. Kinds:
 
     loader       the rendered project's train loader (``build_dataset`` + ``build_loader``)
+    train        the rendered project's ``train`` for one epoch (its CLI, in this process): the epoch's
+                 samples/s after its first batch, timed alike for any version of the template, beside
+                 the ``samples_per_s`` its metrics.jsonl reports
     epochs       that loader's first and second epoch, each timed in full, with an empty shard cache
                  (``data.cache_dir``, a new folder in the working directory) at the start
     imagefolder  torchvision ``ImageFolder`` + DataLoader with the same crop and flip
     webdataset   a plain ``webdataset.WebDataset`` pipeline with the same crop and flip
     limit        one process's per-sample work on the project's source, no DataLoader; with
                  ``processes`` N, that work in N processes at once, timed over the same window
-    decode       one 3000 x 2250 JPEG to a 224 crop: full decode, or the reduced-scale one
+    decode       one 3000 x 2250 JPEG to a 224 crop: full decode (OpenCV), or the task's reduced-scale one
     crop_quality the workers' crop against torchvision's: PSNR against Lanczos-3, and its cost
-    handoff      stacking a batch of crops as a loader worker does (into new shared memory), and into
-                 ordinary memory
+    handoff      stacking a batch of crops as a loader worker does (into new shared memory), into a block
+                 of the batch pool (data/batch_pool.py), and into ordinary memory
 
 A loader is timed like the training loop minus the model: after ``WARMUP`` batches (the workers
 have started), samples over wall time until ``seconds`` have passed, across epoch ends. Over the
@@ -22,6 +25,9 @@ same window the probe reads the whole machine's busy CPU time (/proc/stat) and i
 tree's, so the report can say how much other jobs took. The ``epochs`` kind instead times whole
 epochs, each from its first batch request to its last batch: the first epoch includes the
 workers' start (persistent workers: they start with the first epoch's iterator, in every row alike).
+
+No deprecated decoder of torchvision.io is used: the peers decode with torchcodec, the full decode is
+OpenCV's (as the rendered task's is since it left torchvision's).
 """
 
 from __future__ import annotations
@@ -37,11 +43,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
+import cv2
 import numpy as np
 import psutil
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F_v2
 
@@ -249,8 +255,8 @@ def torchvision_crop() -> None:
 
 
 def probe_loader(spec: dict) -> dict:
-    """The rendered loader's samples/s; with ``to_device``, each batch also finished as the training
-    process does it (``on_device``, ``to_device``: the crop of ``data.augment_on=device``) on the CPU."""
+    """The rendered loader's samples/s (``build_loader`` with its default settings for the rest: those of
+    the project's version, e.g. the baseline's batch pool, on by default there)."""
     from bench_project.config import load_config
     from bench_project.data import build_dataset, build_loader, set_epoch
 
@@ -259,14 +265,10 @@ def probe_loader(spec: dict) -> dict:
     cfg = load_config(None, [*spec["overrides"], *loader_settings(spec)])
     dataset = build_dataset(cfg, "train")
     loader = build_loader(dataset, cfg, "train")
-    cpu = torch.device("cpu")
 
     def batches(epoch: int) -> Iterator[int]:
         set_epoch(loader, epoch)
         for batch in loader:
-            if spec.get("to_device"):
-                batch = dataset.task.on_device(batch, cpu)
-                dataset.task.to_device(batch, cpu)
             if batch.get("bad"):  # a benchmark of failing samples would be meaningless
                 raise RuntimeError(f"{len(batch['bad'])} bad samples in a batch, e.g. {batch['bad'][0]}")
             yield len(batch["key"])
@@ -347,16 +349,96 @@ def probe_epochs(spec: dict) -> dict:
     }
 
 
+def probe_train(spec: dict) -> dict:
+    """The rendered project's ``train`` (its command line's ``main``, in this process) for one epoch of at most
+    ``max_batches`` batches (``train.max_batches``, which also bounds validation where the version has it),
+    ``loader_settings`` for the loader, into a new run folder in the working directory, removed at the end.
+
+    The project's ``train_one_epoch`` is wrapped to time it, and its loader's first batch, the same way
+    whatever the template's version: ``samples_per_s`` is the epoch's samples after the first batch over
+    the seconds after it (the first waits for the workers to start), ``whole_epoch_samples_per_s`` all
+    of them over the epoch. ``reported_samples_per_s`` is what metrics.jsonl says, each version's own
+    measure: since the batch pool became opt-in it leaves the first batch out, as above; before, it
+    counted the whole epoch."""
+    import bench_project.train as train_module
+    from bench_project.__main__ import main as cli
+
+    run_dir = tempfile.mkdtemp(prefix="train-run-", dir=os.getcwd())
+    epochs, inner = [], train_module.train_one_epoch
+
+    def timed(run, loader, *args, **kwargs):
+        cls, original, first = type(loader), type(loader).__iter__, []
+
+        def first_timed(self):
+            batches = original(self)
+            if self is not loader:
+                return batches
+
+            def gen():
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                first.append((time.perf_counter() - start, len(batch["key"]) if batch else 0))
+                yield batch
+                yield from batches
+
+            return gen()
+
+        cls.__iter__ = first_timed
+        start, busy0, own0 = time.perf_counter(), busy_cpu_s(), tree_cpu_s()
+        try:
+            stats = inner(run, loader, *args, **kwargs)
+        finally:
+            cls.__iter__ = original
+        elapsed = time.perf_counter() - start
+        busy, own = busy_cpu_s() - busy0, tree_cpu_s() - own0
+        first_s, first_n = first[0] if first else (0.0, 0)
+        epochs.append(
+            {
+                "samples": stats["samples"],
+                "seconds": elapsed,
+                "first_batch_s": first_s,
+                "first_batch_samples": first_n,
+                "busy_cores": busy / elapsed,
+                "own_cores": own / elapsed,
+            }
+        )
+        return stats
+
+    train_module.train_one_epoch = timed
+    argv = [*spec["overrides"], *loader_settings(spec), f"train.run_dir={run_dir}", "train.epochs=1"]
+    argv += [f"train.max_batches={spec['max_batches']}"] if spec.get("max_batches") else []
+    try:
+        status = cli(["train", *argv])
+        if status:
+            raise RuntimeError(f"train exited with {status}")
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            metrics = json.loads(f.read().splitlines()[-1])
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if len(epochs) != 1 or not epochs[0]["samples"]:
+        raise RuntimeError(f"expected one epoch with samples, timed {epochs}")
+    e = epochs[0]
+    after = (e["samples"] - e["first_batch_samples"]) / max(e["seconds"] - e["first_batch_s"], 1e-9)
+    return {
+        "samples_per_s": after,
+        "whole_epoch_samples_per_s": e["samples"] / e["seconds"],
+        "reported_samples_per_s": metrics["samples_per_s"],
+        **e,
+        "metrics": metrics,
+    }
+
+
 def probe_imagefolder(spec: dict) -> dict:
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 
-    if spec["decoder"] == "tensor":  # torchvision.io (libjpeg-turbo) on the file's bytes, v2 on uint8 tensors
+    if spec["decoder"] == "tensor":  # torchcodec (libjpeg-turbo) on the file, v2 on uint8 tensors
+        from torchcodec.decoders import decode_image
 
         def load(path: str) -> torch.Tensor:
-            with open(path, "rb") as f:
-                data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-            return decode_image(data, mode=ImageReadMode.RGB)
+            return decode_image(path, mode="RGB")
 
         transform = augment(spec["size"])
     else:  # ImageFolder's own PIL loader, v2 on the PIL image, then to a uint8 tensor
@@ -384,14 +466,14 @@ def probe_webdataset(spec: dict) -> dict:
     import glob
 
     import webdataset as wds
+    from torchcodec.decoders import decode_image
 
     urls = sorted(glob.glob(os.path.join(spec["root"], "train", "*.tar")))
     crop = augment(spec["size"])
 
-    def decode(sample: dict) -> tuple[torch.Tensor, int]:
+    def decode(sample: dict) -> tuple[torch.Tensor, int]:  # torchcodec on the sample's bytes, v2 on uint8 tensors
         data = sample.get("jpg") or sample.get("png") or sample.get("jpeg")
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        return crop(image), int(sample["cls"])
+        return crop(decode_image(data, mode="RGB")), int(sample["cls"])
 
     dataset = (
         wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, empty_check=False)
@@ -453,9 +535,11 @@ def probe_limit(spec: dict) -> dict:
 def probe_decode(spec: dict) -> dict:
     """A 3000 x 2250 JPEG to a 224 crop: a full decode, or the rendered task's reduced-scale one.
 
-    ``mode`` "full": ``decode_image`` then the train transform; "task": the task's train path,
-    ``Task.__call__`` (its decode at the train ``min_side``, then the same transform), or with
-    ``min_side`` given, ``Task.decode(data, min_side)`` then the transform.
+    ``mode`` "full": OpenCV's ``cv2.imdecode`` at full size (what the rendered task's decode runs for a
+    JPEG it does not reduce, less its header read) then the train transform; "task": the task's train
+    path (its decode at the train ``min_side``, then the same transform: ``Task.__call__``'s work, of
+    whichever version of the template is on PYTHONPATH), or with ``min_side`` given,
+    ``Task.decode(data, min_side)`` then the transform.
     """
     from bench_project.config import load_config
     from bench_project.task import Task
@@ -466,7 +550,7 @@ def probe_decode(spec: dict) -> dict:
     if spec["mode"] == "full":
 
         def decode(data: bytes) -> torch.Tensor:
-            return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            return torch.from_numpy(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)).permute(2, 0, 1)
     else:
         min_side = spec.get("min_side") or task.min_side
 
@@ -503,8 +587,7 @@ def probe_crop_quality(spec: dict) -> dict:
     one, each box the same, PSNR against a float64 Lanczos-3 resize of that box, on photos stored as the cache
     stores them (shorter side 8/7 of the crop) and decoded as the folder loader decodes them (task.min_side)."""
     from bench_project.config import load_config
-    from bench_project.crops import MAX_SHRINK, RandomResizedCropFlip
-    from bench_project.sample_format import default_min_side
+    from bench_project.crops import MAX_SHRINK, RandomResizedCropFlip, default_min_side
     from bench_project.task import Task
 
     torch.set_num_threads(1)
@@ -561,8 +644,12 @@ def probe_crop_quality(spec: dict) -> dict:
 def probe_handoff(spec: dict) -> dict:
     """The cost of a worker's hand-off of a batch: ``default_collate`` of ``batch`` crops (HWC uint8, as the
     workers' crop gives them) into a new shared-memory block, as it runs in a loader worker (the batch is
-    sent to the training process as that block), against stacking into a block written before (the
-    workers' pool, handoff.py) and ``torch.stack`` into ordinary memory."""
+    sent to the training process as that block), against stacking into a block of the batch pool
+    (data/batch_pool.py, ``loader.batch_pool=true``: ``Pool.stack``, a block the training process is done
+    with, written before) and ``torch.stack`` into ordinary memory."""
+    from bench_project.data.batch_pool import Pool
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
     torch.set_num_threads(1)  # as in a DataLoader worker
     n, size = spec["batch_size"], spec["size"]
     crops = [torch.randint(0, 256, (size, size, 3), dtype=torch.uint8) for _ in range(n)]
@@ -574,10 +661,18 @@ def probe_handoff(spec: dict) -> dict:
     def shared() -> torch.Tensor:  # what default_collate does in a worker (torch/utils/data/_utils/collate.py)
         return torch.stack(crops, out=shared_block_alone().resize_(n, size, size, 3))
 
-    block = shared_block_alone().resize_(n, size, size, 3)
+    pool = Pool(1, "bench")  # a worker's pool of one block, as Pooled sets it up around each collate
+    pool.original = collate_tensor_fn
 
-    def reused() -> torch.Tensor:  # what a worker does with a block of its pool (handoff.py)
-        return torch.stack(crops, out=block)
+    def reused() -> torch.Tensor:  # a worker's stack into its pool (batch_pool.Pool.stack)
+        pool.handed = []
+        out = pool.stack(crops)
+        if not pool.handed:
+            raise RuntimeError("the batch pool gave no block (no room in /dev/shm?)")
+        for i, _ in pool.handed:  # what the training process does once it is done with the batch
+            pool.free[i] = 0
+        pool.handed = None
+        return out
 
     ways = {
         "shared": shared,
@@ -596,7 +691,7 @@ def probe_handoff(spec: dict) -> dict:
     ms = {k: 1e3 * min(v) for k, v in passes.items()}
     return {
         "samples_per_s": 0.0,
-        "handoff": {"batch": n, "size": size, "ms": ms, "us_a_sample": 1e3 * ms["shared"] / n},
+        "handoff": {"batch": n, "size": size, "ms": ms, "us_a_sample": 1e3 * ms["shared"] / n, "pool": "batch_pool"},
     }
 
 
@@ -604,6 +699,7 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     kinds = {
         "loader": probe_loader,
+        "train": probe_train,
         "epochs": probe_epochs,
         "imagefolder": probe_imagefolder,
         "webdataset": probe_webdataset,

@@ -16,7 +16,6 @@ A mistake a user can fix (a bad key, a missing file, an unreadable checkpoint) p
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 
@@ -42,10 +41,11 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
     b.add_argument("--budget-s", type=float, default=60.0, help="time budget of the sweep (default: 60)")
-    if importlib.util.find_spec(f"{__package__}.device_path"):  # samples with places to be cropped and decoded
-        b.add_argument(
-            "--paths", action="store_true", help="time where samples are cropped and decoded (also without a GPU)"
-        )
+    b.add_argument(
+        "--paths",
+        action="store_true",
+        help="time each place the format can crop and decode a sample (where it has several), also without a GPU",
+    )
     _common(b)
     c = sub.add_parser("config", help="print every config key: its value in this run and what it means")
     c.add_argument("--markdown", action="store_true", help="as a Markdown table (default: commented YAML)")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int | None:
         from .bench import bench_command
         from .report import summary, table
 
-        report = bench_command(cfg, quick=args.quick, budget_s=args.budget_s, time_paths=getattr(args, "paths", False))
+        report = bench_command(cfg, quick=args.quick, budget_s=args.budget_s, time_paths=args.paths)
         if dist.is_main_process():
             print(table(report))
             print(summary(report))

@@ -347,21 +347,20 @@ def bench_command(
     cfg, quick: bool = False, budget_s: float = 60.0, time_paths: bool = False, batches: int | None = None
 ) -> dict:
     """`bench`: :func:`run_bench` on the train split (``data.cache`` when set, else the source); where the
-    format has places to crop and decode a sample (an image's: in the workers or on the device,
-    device_path.py), each timed first with the model's step on a GPU, or anywhere with ``time_paths``."""
+    format has several places to crop and decode a sample (its task's ``time_paths``: in the workers, or
+    on the device), each timed first with the model's step on a GPU, or anywhere with ``time_paths``."""
     from .data import build_dataset
 
-    paths = None
+    paths, dataset = None, build_dataset(cfg, "train")
     gpu = torch.cuda.is_available() and project.NUM_GPUS > 0
-    if not quick and (gpu or time_paths) and hasattr(cfg.data, "augment_on"):
-        from .device_path import time_paths as timed
+    timed = getattr(dataset.task, "time_paths", None)  # where a sample can be cropped, if in several places
+    if not quick and (gpu or time_paths) and timed is not None:
         from .model import build_model
 
         paths = timed(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
-    elif quick and time_paths:
-        log.warning("bench --quick times no paths: --paths is ignored")
-    report = run_bench(cfg, build_dataset(cfg, "train"), quick=quick, budget_s=budget_s, batches=batches, paths=paths)
-    return report
+    elif time_paths:
+        log.warning("bench --paths: %s", "--quick times no paths" if quick else "the format has one place to crop")
+    return run_bench(cfg, dataset, quick=quick, budget_s=budget_s, batches=batches, paths=paths)
 
 
 def run_bench(
@@ -426,8 +425,7 @@ def run_bench(
         report["stall"] = stall(cfg, dataset, chosen["samples_per_s"])
         cpus, processes = dist.usable_cpus(), dist.processes_per_node()
         remedies = ["pack a cache (pack --to cache)"] if not isinstance(dataset, CacheSource) else []
-        if getattr(cfg.data, "augment_on", "device") != "device":  # image projects
-            remedies.append("augment on the device (data.augment_on=device)")
+        remedies += getattr(dataset.task, "remedies", ())  # a format's own (the crop on the device)
         model_rate = report["stall"]["model_samples_per_s"]
         report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]

@@ -357,7 +357,7 @@ def bad_reason(e: BaseException) -> str:
     r"""Why a sample could not be read, in one line: the error's type and first line, without the source
     paths of a library's build machine that some decoders put in their messages.
 
-    >>> bad_reason(RuntimeError("Decode failed /__w/vision/src/decode_jpeg.cpp:171: bad Huffman code\nmore"))
+    >>> bad_reason(RuntimeError("Decode failed /__w/lib/src/decoder.cpp:171: bad Huffman code\nmore"))
     'RuntimeError: Decode failed: bad Huffman code'
     """
     first = (str(e).strip().splitlines() or [""])[0]
