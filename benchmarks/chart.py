@@ -1,4 +1,5 @@
-"""The loader benchmark's chart: samples/s per loader at 224 and 64 px, with the limits marked."""
+"""The loader benchmark's chart: samples/s per loader at 224 and 64 px, with the limits marked; the baseline's
+rows (``(before: REF)``) in a colour of their own."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
-from results import LIMITS  # noqa: E402
+from results import limits as limits_of  # noqa: E402
 
-RENDERED, BASELINE, LIMIT = "#2b6cb0", "#a0aec0", "#c53030"
+RENDERED, BEFORE, BASELINE, LIMIT = "#2b6cb0", "#90cdf4", "#a0aec0", "#c53030"
+
+
+def _colour(name: str) -> str:
+    if "(before: " in name:  # the project rendered from the baseline commit
+        return BEFORE
+    return RENDERED if "rendered" in name else BASELINE
 
 
 def _panel(ax, rows: list[dict], limits: dict[str, float], title: str) -> None:
@@ -19,7 +26,7 @@ def _panel(ax, rows: list[dict], limits: dict[str, float], title: str) -> None:
     values = [r["median"] for r in rows][::-1]
     low = [r["median"] - r["range"][0] for r in rows][::-1]
     high = [r["range"][1] - r["median"] for r in rows][::-1]
-    colours = [RENDERED if "rendered" in n else BASELINE for n in names]
+    colours = [_colour(n) for n in names]
     ax.barh(names, values, xerr=[low, high], color=colours, error_kw={"elinewidth": 0.8, "capsize": 2})
     for y, (name, value, above) in enumerate(zip(names, values, high)):
         label = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
@@ -36,8 +43,9 @@ def draw(result: dict, path: Path) -> None:
     """Write the chart of ``result`` (from ``report.collect``) to ``path`` (PNG)."""
     rows, cores, m = result["rows"], result["cores"], result["machine"]
     limit_of = {r["name"]: r["median"] * cores for r in rows if r["group"] == "limit" and r["median"]}
-    limits = {name: limit_of[limit] for name, limit in LIMITS.items() if limit in limit_of}
-    fig, axes = plt.subplots(2, 1, figsize=(8, 6), height_ratios=[7, 4])
+    ref = result["settings"].get("baseline")
+    limits = {name: limit_of[limit] for name, limit in limits_of(ref).items() if limit in limit_of}
+    fig, axes = plt.subplots(2, 1, figsize=(9, 7), height_ratios=[9, 4])
     _panel(axes[0], [r for r in rows if r["group"] == "224"], limits, "224 px crops from 400-600 px JPEG photos")
     _panel(axes[1], [r for r in rows if r["group"] == "64"], {}, "64 px crops of sample-data")
     axes[0].plot([], [], color=LIMIT, linewidth=2, label=f"limit: one process's per-sample work x {cores} cores")

@@ -1,28 +1,35 @@
-"""Every loader side by side, alternating, on photos of realistic size; writes a table and a chart.
+"""Every loader side by side, alternating, on photos of realistic size, before and after; writes a table and a chart.
 
-    .venv/bin/python benchmarks/loaders.py [--images 2400] [--rounds 3] [--out benchmarks/results] [--only GROUPS]
+    .venv/bin/python benchmarks/loaders.py [--images 2400] [--rounds 3] [--baseline 8b1aa5e] [--only GROUPS]
 
 Renders an image project per source (folder, shards, stream/sqlite) from this checkout
-(uncommitted changes included, as copier does for a dirty local template), then on the same
-data measures, at 224 px crops from 400-600 px JPEG photos (photos.py):
+(uncommitted changes included, as copier does for a dirty local template), and the default folder
+image project (num_gpus 0) also from a baseline commit (``--baseline REF``, default 8b1aa5e, the
+commit before the batch pool became opt-in and OpenCV took the decode; ``--baseline ""``: none),
+from ``git archive REF``; then on the same data measures, at 224 px crops from 400-600 px JPEG
+photos (photos.py):
 
-    the rendered folder loader, its cache loader (``pack --to cache``, ``data.cache=``), both
-    also with torchvision's crop in place of the task's (as before crops.RandomResizedCropFlip),
-    the cache with the crop on the device and the folder with the JPEG decode there too
-    (``data.augment_on=device``, ``data.decode_on=device``; the device is this CPU here),
-    the rendered shards loader on local shards and over loopback HTTP (``python -m http.server``),
-    torchvision ``ImageFolder`` + DataLoader with the same crop and flip (two decoders),
-    a plain ``webdataset.WebDataset`` pipeline, and the limit of each rendered source: one
-    process's per-sample work (read, decode, crop, flip) x usable cores; for the cache, also that
-    work in a process per core at once (the machine's own ceiling for it);
+    the rendered folder loader and the baseline's, the rendered cache loader (``pack --to cache``,
+    ``data.cache=``) with its batch pool off (the default) and on (``loader.batch_pool=true``) and
+    the baseline's cache loader (its own cache, packed by its own code; its pool on, its default),
+    the rendered folder and cache loaders also with torchvision's crop in place of the task's (as
+    before crops.RandomResizedCropFlip), the rendered shards loader on local shards and over
+    loopback HTTP (``python -m http.server``), torchvision ``ImageFolder`` + DataLoader with the
+    same crop and flip (torchcodec's decoder, or PIL's), a plain ``webdataset.WebDataset`` pipeline
+    (torchcodec's decoder), and the limit of each rendered source (and of the baseline's folder and
+    cache): one process's per-sample work (read, decode, crop, flip) x usable cores; for the
+    cache, also that work in a process per core at once (the machine's own ceiling for it);
 
 at 64 px on each project's own ``sample-data``: folder, stream/sqlite, shards, plain WebDataset;
-full against reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop; and the workers' crop
-against torchvision's on the same boxes (PSNR against a Lanczos-3 resize, 100 photos); and the
-224 px shards over two whole epochs each (group ``epochs``), read locally and from moto's S3 server
-on loopback (``python -m moto.server``, bucket ``bench``) with the node's shard cache and without
-(``data.cache_limit=0``), each run from an empty ``data.cache_dir``: the first epoch downloads, the
-second reads the cache. Every loader has
+a full decode (OpenCV) against the task's reduced-scale decoding of 3000 x 2250 JPEGs to a 224 crop,
+the rendered task's and the baseline's; the workers' crop against torchvision's on the same boxes
+(PSNR against a Lanczos-3 resize, 100 photos); a worker's hand-off of a batch into new shared
+memory, into the batch pool's block (data/batch_pool.py) and into ordinary memory; the rendered
+and the baseline's ``train`` for one epoch (group ``train``: at most ``--train-batches`` batches)
+from the folder and the cache; and the 224 px shards over two whole epochs each (group ``epochs``),
+read locally and from moto's S3 server on loopback (``python -m moto.server``, bucket ``bench``)
+with the node's shard cache and without (``data.cache_limit=0``), each run from an empty
+``data.cache_dir``: the first epoch downloads, the second reads the cache. Every loader has
 the same num_workers, prefetch_factor 2, persistent workers and batch size. Each measurement is
 its own process (probe.py); a round runs every row once, the rounds start at a different row,
 and the report gives each row's median and each ratio's median over the rounds' side-by-side
@@ -31,8 +38,8 @@ CPU time against the whole machine's (the load of other jobs), and the folder an
 runs their workers' memory over their first epoch. Writes ``OUT/loaders.md`` (tables, goals,
 machine), ``OUT/loaders.png`` and ``OUT/loaders.json`` (every run).
 
-``--only epochs`` (groups, comma-separated: 224, limit, 64, decode, quality, handoff, epochs) runs
-those groups' rows alone, preparing only what they read, and writes ``OUT/loaders-<groups>.md``
+``--only epochs`` (groups, comma-separated: 224, limit, 64, decode, quality, handoff, train, epochs)
+runs those groups' rows alone, preparing only what they read, and writes ``OUT/loaders-<groups>.md``
 and ``.json`` (no chart), leaving ``loaders.md``, ``.json`` and ``.png`` as they are.
 """
 
@@ -65,15 +72,18 @@ import results  # noqa: E402
 REPO = HERE.parent
 PACKAGE = "bench_project"
 SOURCES = ("folder", "shards", "stream")
-GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "epochs")
-# What prepare writes for each group's rows: rendered projects (by source) and data.
+BEFORE = "folder-before"  # the projects' key of the folder project rendered from the baseline commit
+BASELINE = "8b1aa5e"  # the commit before the batch pool became opt-in and OpenCV took the decode (issue 36)
+GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "train", "epochs")
+# What prepare writes for each group's rows: rendered projects (by source; BEFORE: the baseline's) and data.
 NEEDS = {
-    "224": {"folder", "shards", "photos", "shards224", "cache224"},
-    "limit": {"folder", "shards", "photos", "shards224", "cache224"},
+    "224": {"folder", BEFORE, "shards", "photos", "shards224", "cache224", "cache224-before"},
+    "limit": {"folder", BEFORE, "shards", "photos", "shards224", "cache224", "cache224-before"},
     "64": {"folder", "shards", "stream", "small"},
-    "decode": {"folder", "large"},
+    "decode": {"folder", BEFORE, "large"},
     "quality": {"folder", "photos"},
-    "handoff": set(),
+    "handoff": {"folder"},
+    "train": {"folder", BEFORE, "photos", "cache224", "cache224-before"},
     "epochs": {"shards", "photos", "shards224"},
 }
 BUCKET = "bench"
@@ -95,18 +105,48 @@ class Row:
     env: dict = field(default_factory=dict)  # more environment for its probe (credentials for moto's S3 server)
 
 
+def answers(source: str) -> dict:
+    out = {"project_name": "bench project", "data_source": source, "data_format": "image"}
+    return out | ({"stream_backend": "sqlite"} if source == "stream" else {})
+
+
 def render(dest: Path, source: str) -> Path:
     from copier import run_copy
     from copier.errors import DirtyLocalWarning
 
-    answers = {"project_name": "bench project", "data_source": source, "data_format": "image"}
-    if source == "stream":
-        answers["stream_backend"] = "sqlite"
     # vcs_ref HEAD of a dirty local checkout: copier commits the working tree in its clone first
     # (and warns that it did: that is the point here).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DirtyLocalWarning)
-        run_copy(str(REPO), str(dest), data=answers, defaults=True, vcs_ref="HEAD", quiet=True, skip_tasks=True)
+        run_copy(str(REPO), str(dest), data=answers(source), defaults=True, vcs_ref="HEAD", quiet=True, skip_tasks=True)
+    return dest
+
+
+def baseline_commit(ref: str) -> str:
+    """The full hash of the commit ``ref`` names in this repository; SystemExit naming it if none."""
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode or not out.stdout.strip():
+        raise SystemExit(f"--baseline {ref}: no such commit in {REPO} (--baseline '' measures without one)")
+    return out.stdout.strip()
+
+
+def render_baseline(dest: Path, commit: str) -> Path:
+    """The default folder image project (num_gpus 0) as the template was at ``commit``: copier from that
+    commit's tree (``git archive``, into a temporary folder removed afterwards; the repository's own
+    worktrees and branches are left as they are)."""
+    from copier import run_copy
+
+    with tempfile.TemporaryDirectory(prefix="torchfeed-baseline-") as tree:
+        archive = subprocess.Popen(["git", "-C", str(REPO), "archive", commit], stdout=subprocess.PIPE)
+        untar = subprocess.run(["tar", "-x", "-C", tree], stdin=archive.stdout, capture_output=True, text=True)
+        archive.stdout.close()
+        if archive.wait() or untar.returncode:
+            raise RuntimeError(f"git archive {commit} | tar -x failed: {untar.stderr.strip()[-300:]}")
+        run_copy(tree, str(dest), data=answers("folder"), defaults=True, quiet=True, skip_tasks=True)
     return dest
 
 
@@ -213,12 +253,23 @@ def prepare(work: Path, args: argparse.Namespace, groups: tuple[str, ...] = GROU
     are reported as pending.
     """
     need = set().union(*(NEEDS[g] for g in groups))
+    if not args.baseline:
+        need -= {BEFORE, "cache224-before"}
     t0 = time.perf_counter()
     sources = [s for s in SOURCES if s in need]
     projects = {s: render(work / f"project-{s}", s) for s in sources}
-    print(f"rendered {', '.join(sources)} in {time.perf_counter() - t0:.0f} s", flush=True)
     data: dict = {"photos": work / "photos", "shards224": work / "www" / "shards224", "cache224": work / "cache224"}
+    # the baseline's files under a folder of their own: no path of it starts with one of the current rows'
+    data["cache224-before"] = work / "baseline" / "cache224"
     data["failed"] = failed = {}
+    data["unrendered"] = {}  # project key -> why it could not be rendered (its rows are pending)
+    if BEFORE in need:
+        try:
+            projects[BEFORE] = render_baseline(work / "baseline" / "project-folder", args.baseline_commit)
+            sources.append(f"folder at {args.baseline}")
+        except Exception as e:  # its rows are pending, the others run
+            data["unrendered"][BEFORE] = f"rendering the baseline {args.baseline} fails: {type(e).__name__}: {e}"[:400]
+    print(f"rendered {', '.join(sources)} in {time.perf_counter() - t0:.0f} s", flush=True)
     data["photo_mb"] = None
     if "photos" in need:
         size = photos.write_photos(data["photos"], args.images, max(photos.CLASSES, args.images // 10))
@@ -228,14 +279,16 @@ def prepare(work: Path, args: argparse.Namespace, groups: tuple[str, ...] = GROU
     argv += ["--max-samples", str(max(1, -(-args.images // args.shards))), "data.image_size=224"]
     if "shards224" in need and (why := command(projects["shards"], argv, work)):
         failed[str(data["shards224"])] = f"`pack --to shards` fails: {why}"
-    if "cache224" in need:
-        lacking = [m for m in ("decode_for_cache", "from_cache") if task_lacks(projects["folder"], m)]
-        argv = ["pack", "--to", "cache", "--out", str(data["cache224"]), f"data.root={data['photos']}"]
+    for key, project in (("cache224", "folder"), ("cache224-before", BEFORE)):  # each project packs its own
+        if key not in need or project not in projects:
+            continue
+        lacking = [m for m in ("decode_for_cache", "from_cache") if task_lacks(projects[project], m)]
+        argv = ["pack", "--to", "cache", "--out", str(data[key]), f"data.root={data['photos']}"]
         if lacking:
-            failed[str(data["cache224"])] = f"the image task has no {' or '.join('Task.' + m for m in lacking)} yet"
-        elif why := command(projects["folder"], [*argv, "data.image_size=224"], work):
-            failed[str(data["cache224"])] = f"`pack --to cache` fails: {why}"
-        else:
+            failed[str(data[key])] = f"the image task has no {' or '.join('Task.' + m for m in lacking)} yet"
+        elif why := command(projects[project], [*argv, "data.image_size=224"], work):
+            failed[str(data[key])] = f"`pack --to cache` fails: {why}"
+        elif key == "cache224":
             data["cache_mb"] = sum(f.stat().st_size for f in (data["cache224"] / "train").iterdir()) / 1e6
     if need & {"shards224", "cache224"}:
         packed = " and ".join(k for k, v in (("shards", "shards224"), ("the cache", "cache224")) if v in need)
@@ -255,19 +308,24 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
     """The report's rows, in the order a round runs them (each round starts one further on).
 
     ``server``: the loopback HTTP server and its port; ``s3``: moto's S3 server and its URL (either
-    ``(None, None)`` when no row of the run reads from it).
+    ``(None, None)`` when no row of the run reads from it). The baseline's rows (project ``BEFORE``) are
+    left out with ``--baseline ''``; their names are results.py's (``results.before``).
     """
     common = {"workers": args.workers, "batch_size": args.batch_size, "seconds": args.seconds}
     cores = len(os.sched_getaffinity(0))
     photo_root, shards_root = str(data["photos"]), str(data["shards224"])
     folder = [f"data.root={photo_root}", "data.image_size=224"]
     cache = [*folder, f"data.cache={data['cache224']}"]
-    device_cache = [*cache, "data.augment_on=device"]
-    device_decode = [*folder, "data.augment_on=device", "data.decode_on=device"]
+    pool = [*cache, "loader.batch_pool=true"]
+    cache_before = [*folder, f"data.cache={data['cache224-before']}"]  # the baseline's pool: on, its default
     shards = [f"data.root={shards_root}", "data.image_size=224"]
     remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
     bucket = [f"data.root={S3_ROOT}", f"data.s3_endpoint={s3[1]}", "data.image_size=224"]
     moto = {"extra_pids": [s3[0].pid] if s3[0] else [], "needs": shards_root}
+    ref = args.baseline
+
+    def before(what: str) -> str:
+        return results.before(what, ref)
 
     def small(source: str) -> list[str]:
         return [f"data.root={data['small_' + source]}", "data.image_size=64"]
@@ -275,20 +333,28 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
     def loader(name, group, project, overrides, **extra) -> Row:
         return Row(name, group, {"kind": "loader", "overrides": overrides, **common, **extra}, project)
 
+    def limit(name, project, overrides, **extra) -> Row:
+        return Row(name, "limit", {"kind": "limit", "overrides": overrides, **common, **extra}, project)
+
     def plain(name, kind, root, size, **extra) -> Row:
         return Row(name, "224" if size == 224 else "64", {"kind": kind, "root": root, "size": size, **common, **extra})
 
-    def decode(name, mode, **extra) -> Row:
+    def decode(name, mode, project="folder", **extra) -> Row:
         spec = {"kind": "decode", "mode": mode, "files": data["large"], "size": 224, "seconds": args.seconds}
-        return Row(name, "decode", {**spec, **extra}, "folder")
+        return Row(name, "decode", {**spec, **extra}, project)
+
+    def train(name, project, overrides) -> Row:
+        spec = {"kind": "train", "overrides": overrides, **common, "max_batches": args.train_batches}
+        return Row(name, "train", spec, project)
 
     rows = [
-        loader("folder (rendered)", "224", "folder", folder, memory=True, split=True),
-        loader("cache (rendered)", "224", "folder", cache, memory=True, split=True),
+        loader(results.FOLDER, "224", "folder", folder, memory=True, split=True),
+        loader(before("folder"), "224", BEFORE, folder, memory=True, split=True),
+        loader(results.CACHE, "224", "folder", cache, memory=True, split=True),
+        loader(results.CACHE_POOL, "224", "folder", pool, memory=True, split=True),
+        loader(before("cache"), "224", BEFORE, cache_before, memory=True, split=True),
         loader("cache, torchvision's crop (before)", "224", "folder", cache, torchvision_crop=True),
         loader("folder, torchvision's crop (before)", "224", "folder", folder, torchvision_crop=True),
-        loader("cache, crop on the device (the CPU here)", "224", "folder", device_cache, to_device=True, memory=True),
-        loader("folder, crop and decode on the device (the CPU here)", "224", "folder", device_decode, to_device=True),
         loader("shards, local (rendered)", "224", "shards", shards),
         loader(
             "shards, loopback HTTP (rendered)",
@@ -298,26 +364,24 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
             extra_pids=[server[0].pid] if server[0] else [],
             needs=shards_root,
         ),
-        plain("ImageFolder: decode_image, v2 on tensors", "imagefolder", photo_root, 224, decoder="tensor"),
+        plain("ImageFolder: torchcodec decode_image, v2 on tensors", "imagefolder", photo_root, 224, decoder="tensor"),
         plain("ImageFolder: PIL loader, v2 on PIL", "imagefolder", photo_root, 224, decoder="pil"),
-        plain("plain webdataset.WebDataset", "webdataset", shards_root, 224),
-        Row("folder limit", "limit", {"kind": "limit", "overrides": folder, **common}, "folder"),
-        Row("cache limit", "limit", {"kind": "limit", "overrides": cache, **common}, "folder"),
-        Row(results.TOGETHER, "limit", {"kind": "limit", "overrides": cache, "processes": cores, **common}, "folder"),
-        Row(
-            "cache limit, torchvision's crop (before)",
-            "limit",
-            {"kind": "limit", "overrides": cache, "torchvision_crop": True, **common},
-            "folder",
-        ),
-        Row("shards limit", "limit", {"kind": "limit", "overrides": shards, **common}, "shards"),
+        plain("plain webdataset.WebDataset (torchcodec decode_image)", "webdataset", shards_root, 224),
+        limit("folder limit", "folder", folder),
+        limit("folder limit (before)", BEFORE, folder),
+        limit("cache limit", "folder", cache),
+        limit("cache limit (before)", BEFORE, cache_before),
+        limit(results.TOGETHER, "folder", cache, processes=cores),
+        limit("cache limit, torchvision's crop (before)", "folder", cache, torchvision_crop=True),
+        limit("shards limit", "shards", shards),
         loader("folder (rendered)", "64", "folder", small("folder")),
         loader("stream/sqlite (rendered)", "64", "stream", small("stream")),
         loader("shards (rendered)", "64", "shards", small("shards")),
-        plain("plain webdataset.WebDataset", "webdataset", str(data["small_shards"]), 64),
-        decode("full decode (decode_image) + crop", "full"),
-        decode("the task's train decode (reduced scale) + crop", "task"),
-        decode("reduced-scale decode to >= 256 px + crop", "task", min_side=256),
+        plain("plain webdataset.WebDataset (torchcodec decode_image)", "webdataset", str(data["small_shards"]), 64),
+        decode(results.FULL_DECODE, "full"),
+        decode(results.TASK_DECODE, "task"),
+        decode(before(results.TASK_DECODE_STEM), "task", BEFORE),
+        decode(results.EIGHTH_DECODE, "task", min_side=256),
         Row(
             "the workers' crop: RandomResizedCropFlip against torchvision's",
             "quality",
@@ -328,8 +392,13 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
             "a worker's hand-off: a batch of 224 px crops into shared memory",
             "handoff",
             {"kind": "handoff", "batch_size": args.batch_size, "size": 224, "once": True},
-            None,
+            "folder",
         ),
+        train(results.TRAIN_FOLDER, "folder", folder),
+        train(before("train, folder"), BEFORE, folder),
+        train(results.TRAIN_CACHE, "folder", cache),
+        train(results.TRAIN_CACHE_POOL, "folder", pool),
+        train(before("train, cache"), BEFORE, cache_before),
     ]
     rows += [
         Row("shards, local (rendered)", "epochs", {"kind": "epochs", "overrides": shards, **common}, "shards"),
@@ -348,9 +417,19 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
             env=S3_ENV,
         ),
     ]
+    if not ref:  # --baseline '': no rows of the baseline
+        rows = [r for r in rows if r.project != BEFORE]
+    batches = args.images // args.batch_size  # the train split's batches an epoch (drop_last)
     for row in rows:
         spec = json.dumps(row.spec)
-        row.pending = next((why for path, why in data["failed"].items() if json.dumps(path)[1:-1] in spec), "")
+        if row.group == "train" and (batches < 2 or args.train_batches == 1):
+            row.pending = f"one batch an epoch ({args.images} photos, batch {args.batch_size}, --train-batches "
+            row.pending += f"{args.train_batches}): the rate after the first batch needs 2 or more"
+            continue
+        row.pending = data["unrendered"].get(row.project, "")
+        row.pending = row.pending or next(
+            (why for path, why in data["failed"].items() if json.dumps(path)[1:-1] in spec), ""
+        )
     return rows
 
 
@@ -363,7 +442,7 @@ def run_probe(row: Row, projects: dict, work: Path) -> dict:
         env={**project_env(project), **row.env},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900 if row.spec["kind"] == "train" else 300,  # a train epoch steps a model on the CPU
         start_new_session=True,
     )
     lines = out.stdout.strip().splitlines()
@@ -392,6 +471,8 @@ def measure(rows: list[Row], projects: dict, work: Path, rounds: int) -> None:
             speed = f"{result['samples_per_s']:.0f} samples/s" if result else f"failed: {row.errors[-1][:200]}"
             if result and "epoch_samples_per_s" in result:
                 speed = " then ".join(f"{x:.0f}" for x in result["epoch_samples_per_s"]) + " samples/s by epoch"
+            if result and "reported_samples_per_s" in result:
+                speed += f" after the first batch ({result['reported_samples_per_s']:.0f} in metrics.jsonl)"
             print(f"  round {k + 1}: {row.group:>6} {row.name}: {speed}", flush=True)
         print(f"round {k + 1} of {rounds} in {time.perf_counter() - t0:.0f} s", flush=True)
     for row in active:  # a row failing every round is pending, with its error
@@ -412,6 +493,15 @@ def main() -> None:
     p.add_argument("--large", type=int, default=6, help="3000 x 2250 JPEGs for the decode rows")
     p.add_argument("--quality-photos", type=int, default=100, help="photos the crop's quality is measured on")
     p.add_argument("--quality-boxes", type=int, default=10, help="crop boxes per photo and stored size")
+    p.add_argument(
+        "--train-batches", type=int, default=10, help="train.max_batches of the train rows' one epoch (0: all of it)"
+    )
+    p.add_argument(
+        "--baseline",
+        default=BASELINE,
+        metavar="REF",
+        help=f"the commit the 'before' rows render the folder project from (default: {BASELINE}; '': none)",
+    )
     p.add_argument("--work", default=None, help="keep the projects and data here (default: a temporary folder)")
     p.add_argument(
         "--only",
@@ -424,6 +514,8 @@ def main() -> None:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:
         raise SystemExit(f"--only {args.only}: the groups are {', '.join(GROUPS)}")
+    args.baseline = args.baseline.strip()
+    args.baseline_commit = baseline_commit(args.baseline) if args.baseline else None
     start = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="torchfeed-bench-"))
     if args.work and work.exists() and any(work.iterdir()):

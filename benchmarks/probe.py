@@ -129,6 +129,7 @@ def time_loader(batches: Callable[[int], Iterator[int]], spec: dict, epoch: int 
     seen, samples, start, first = 0, 0, None, None
     begin = time.perf_counter()
     while True:
+        before = seen
         for n in batches(epoch):
             now = time.perf_counter()
             first = first if first is not None else now - begin
@@ -155,6 +156,8 @@ def time_loader(batches: Callable[[int], Iterator[int]], spec: dict, epoch: int 
                     "busy_cores": busy / elapsed,
                     "own_cores": own / elapsed,
                 }
+        if seen == before:  # else this would wait forever (e.g. fewer samples a worker than a batch)
+            raise RuntimeError(f"epoch {epoch} gave no batch")
         epoch += 1
 
 
@@ -420,6 +423,8 @@ def probe_train(spec: dict) -> dict:
     if len(epochs) != 1 or not epochs[0]["samples"]:
         raise RuntimeError(f"expected one epoch with samples, timed {epochs}")
     e = epochs[0]
+    if e["samples"] <= e["first_batch_samples"]:
+        raise RuntimeError("the epoch had one batch: nothing after it to time (more photos, or a smaller batch)")
     after = (e["samples"] - e["first_batch_samples"]) / max(e["seconds"] - e["first_batch_s"], 1e-9)
     return {
         "samples_per_s": after,

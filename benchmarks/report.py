@@ -6,7 +6,7 @@ sections of the groups that ran (all of them, unless ``loaders.py --only`` chose
 
 from __future__ import annotations
 
-from results import FLAT_MB, TOGETHER, crop_quality, handoff
+from results import CACHE, FLAT_MB, FOLDER, TOGETHER, TRAIN_BAND, before, crop_quality, handoff
 
 
 def _n(value, spec: str = ".0f", none: str = "–") -> str:
@@ -38,20 +38,24 @@ def _table(header: list[str], lines: list[list[str]], numbers: int | None = None
 def markdown(result: dict) -> str:
     """The report as Markdown: the machine, the tables, the goals, what is pending."""
     m, s, cores, other = result["machine"], result["settings"], result["cores"], result["other_load"]
-    group = {g: [r for r in result["rows"] if r["group"] == g] for g in ("224", "limit", "64", "decode", "epochs")}
+    groups = ("224", "limit", "64", "decode", "train", "epochs")
+    group = {g: [r for r in result["rows"] if r["group"] == g] for g in groups}
     ran = {r["group"] for r in result["rows"]}
-    only = s.get("only")
+    only, ref = s.get("only"), s.get("baseline")
     timed = (
         f"timed for {s['seconds']:g} s after 3 warm-up batches, across epoch ends"
-        if ran - {"epochs"}
-        else "timed over two whole epochs"
+        if ran - {"epochs", "train"}
+        else "timed over whole epochs"
     )
     text = [
         "# Loader benchmark" + (f" (only {', '.join(only)})" if only else ""),
         "",
         f"Measured {m['date']} on {m['cpu']}, {cores} usable cores, {m['memory_gb']} GB; Python {m['python']}, "
-        f"torch {m['torch']}, torchvision {m['torchvision']}, webdataset {m['webdataset']}, Pillow {m['pillow']}; "
-        f"template {m['template']}. Written by `benchmarks/loaders.py` in {s['run_s'] / 60:.1f} min.",
+        f"torch {m['torch']}, torchvision {m['torchvision']}, webdataset {m['webdataset']}, Pillow {m['pillow']}"
+        + "".join(f", {k} {m[k]}" for k in ("opencv", "torchcodec") if m.get(k))
+        + f"; template {m['template']}"
+        + (f", baseline {ref} ({(s.get('baseline_commit') or '')[:12]})" if ref else ", no baseline")
+        + f". Written by `benchmarks/loaders.py` in {s['run_s'] / 60:.1f} min.",
         "",
         f"Every loader: batch {s['batch_size']}, num_workers {s['workers']}, prefetch_factor 2, persistent workers, "
         f"the same random-resized crop (scale 0.35-1) and flip on uint8 tensors. Each run is its own process, {timed}. "
@@ -60,6 +64,15 @@ def markdown(result: dict) -> str:
         "ratio the median of the two rows' ratios within each round, so other jobs' load affects a round's "
         "rows alike.",
     ]
+    if ref:
+        text += [
+            "",
+            f"A row marked *(before: {ref})* runs the default folder image project (num_gpus 0) rendered from the "
+            f"baseline commit {ref} on the same data, with that version's defaults (its batch pool on, crops written "
+            "into the pool's blocks, PIL's reduced-scale JPEG decode); its cache is packed by its own `pack --to "
+            "cache`. *x before* is a rendered row against the baseline's same row, within each round. "
+            "*(before)* alone, as in torchvision's crop, means before `crops.RandomResizedCropFlip`.",
+        ]
     if other:
         load = f"{other['median']:.1f} of the {cores} cores busy"
         load += f" (median over the timed windows, at most {other['max']:.1f})"
@@ -70,7 +83,7 @@ def markdown(result: dict) -> str:
                 f" Other jobs kept {load}: absolute numbers are low by about that share, and a single-process limit "
                 "suffers less from it than a loader needing every core."
             )
-        if ran - {"epochs"}:
+        if ran - {"epochs", "train"}:
             text[-1] += (
                 " The tables also give samples per CPU-second (of all the run's processes), and the goals each ratio "
                 "per CPU-second: how the rows compare with the cores they got."
@@ -89,16 +102,18 @@ def markdown(result: dict) -> str:
         text += _table(["loader", "samples/s", "range", "x folder", "samples/CPU-s"], lines)
     if "decode" in ran:
         text += _decode_section(group["decode"])
+    if "train" in ran:
+        text += _train_section(group["train"], s, ref)
     text += _crop_section(crop_quality(result))
     text += _handoff_section(handoff(result))
     text += _split_section(result.get("cpu_split") or {}, s["workers"])
     if "224" in ran:
-        text += _memory_section(result["memory"], result["folder_memory"], s["workers"])
+        text += _memory_section(result["memory"], s["workers"], ref)
     if "epochs" in ran:
         text += _epochs_section(group["epochs"], s, cores)
     if result["goals"]:
         text += ["", "## Goals", ""]
-        verdict = {True: "met", False: "**not met**", None: "pending"}
+        verdict = {True: "met", False: "**not met**", None: "pending", "reported": "reported"}
         lines = [[g["goal"], g["value"] or "–", verdict[g["met"]], g["note"]] for g in result["goals"]]
         text += _table(["goal", "measured", "", "note"], lines, numbers=1)
     pending = [r for r in result["rows"] if r["pending"]]
@@ -113,40 +128,42 @@ def markdown(result: dict) -> str:
 
 
 def _224_sections(result: dict, group: dict) -> list[str]:
-    """The 224 px loaders' table and their limits'."""
+    """The 224 px loaders' table (if they ran) and their limits' (if they ran)."""
     s, cores = result["settings"], result["cores"]
     cache = f", {s['cache_mb']:.0f} MB for train" if s.get("cache_mb") else ""
-    text = [
-        "",
-        "## 224 px crops from 400-600 px JPEG photos",
-        "",
-        f"{s['images']} train photos, quality 90 ({s['photo_mb']:.0f} MB with val; `benchmarks/photos.py`), in class "
-        f"folders, packed into {s['shards']} shards (`pack --to shards`) and into the cache (`pack --to cache`: "
-        f"decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two rows in each round.",
-        "",
-    ]
-    header = ["loader", "samples/s", "range", "x folder", "x tuned ImageFolder", "of its limit"]
-    header += ["samples/CPU-s", "of its limit per CPU-s"]
-    lines = [
-        [r["name"], *_speed_cells(r), _x(r.get("x_folder")), _x(r.get("x_imagefolder")), _pct(r.get("of_limit"))]
-        + [_n(r["median_cpu"]), _pct(r.get("of_limit_cpu"))]
-        for r in group["224"]
-    ]
-    text += _table(header, lines)
+    text = ["", "## 224 px crops from 400-600 px JPEG photos", ""]
+    if group["224"]:
+        text += [
+            f"{s['images']} train photos, quality 90 ({s['photo_mb']:.0f} MB with val; `benchmarks/photos.py`), in "
+            f"class folders, packed into {s['shards']} shards (`pack --to shards`) and into the cache (`pack --to "
+            f"cache`: decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two rows in each "
+            "round. The rendered cache loader runs with its batch pool off (the default: `loader.batch_pool` is on "
+            "only where `bench` measured it faster) and on (`loader.batch_pool=true`, data/batch_pool.py).",
+            "",
+        ]
+        header = ["loader", "samples/s", "range", "x folder", "x before", "x tuned ImageFolder", "of its limit"]
+        header += ["samples/CPU-s", "x before per CPU-s", "of its limit per CPU-s"]
+        lines = [
+            [r["name"], *_speed_cells(r), _x(r.get("x_folder")), _x(r.get("x_before")), _x(r.get("x_imagefolder"))]
+            + [_pct(r.get("of_limit")), _n(r["median_cpu"]), _x(r.get("x_before_cpu")), _pct(r.get("of_limit_cpu"))]
+            for r in group["224"]
+        ]
+        text += _table(header, lines)
+    if not group["limit"]:
+        return text
     text += [
         "",
-        f"Limits: one process's per-sample work on the rendered source, no DataLoader, x {cores} cores. The "
-        f"cache's is also run in {cores} processes at once, timed over the same window ({TOGETHER}: each "
-        "process's samples/s, and their sum): the machine's own ceiling for that work, which the cores' shared "
-        "caches and memory can put below the first.",
+        "Limits: one process's per-sample work on the rendered source (on the baseline's: the rows named `... limit "
+        f"(before)`), no DataLoader, x {cores} cores. The cache's is also run in {cores} processes at once, timed "
+        f"over the same window ({TOGETHER}: each process's samples/s, and their sum): the machine's own ceiling for "
+        "that work, which the cores' shared caches and memory can put below the first.",
         "",
     ]
     lines = [
         [r["name"], *_speed_cells(r), _n(r["median"] and r["median"] * cores), _n(r["median_cpu"])]
         for r in group["limit"]
     ]
-    text += _table(["limit", "one process, samples/s", "range", f"x {cores} cores", "samples/CPU-s"], lines)
-    return text
+    return text + _table(["limit", "one process, samples/s", "range", f"x {cores} cores", "samples/CPU-s"], lines)
 
 
 def _epochs_section(rows: list[dict], s: dict, cores: int) -> list[str]:
@@ -210,8 +227,9 @@ def _handoff_section(h: dict | None) -> list[str]:
         f"{h['batch']} crops of {h['size']} px (uint8, HWC), one core, the best of 5 passes of 40 batches: "
         "`default_collate` in a loader worker stacks a batch into a new shared-memory block, which the "
         "training process then maps (no copy there); a new block's pages are zeroed and mapped as they are "
-        "first written. A worker now stacks into a block of its own pool, written before, once the training "
-        "process is done with it (handoff.py): the third row.",
+        "first written. With `loader.batch_pool=true` (off by default; `bench` turns it on where it measures it "
+        "faster) a worker stacks into a block of its own pool, written before, once the training process is "
+        "done with it (data/batch_pool.py, `Pool.stack`): the third row.",
         "",
     ]
     lines = [
@@ -221,7 +239,7 @@ def _handoff_section(h: dict | None) -> list[str]:
     if "shared_reused" in ms:  # measured since the workers reuse their blocks
         lines.append(
             [
-                "into a block written before (the workers' pool)",
+                "into a block written before (the batch pool's)",
                 _n(ms["shared_reused"], ".2f"),
                 _n(1e3 * ms["shared_reused"] / h["batch"]),
             ]
@@ -304,9 +322,12 @@ def _decode_section(rows: list[dict]) -> list[str]:
         "",
         "## Decoding 3000 x 2250 JPEGs to a 224 crop (one process)",
         "",
-        f"Quality 90{bits}; each decoded image then gets the train transform. libjpeg's reduced-scale decode "
-        "(PIL draft) skips most of the inverse DCT and colour work, not the entropy decoding, which grows with "
-        "the file's size: the heavier the JPEG, the smaller the gain.",
+        f"Quality 90{bits}; each decoded image then gets the train transform (the rendered task's; the baseline's "
+        "row, its own). The full decode is OpenCV's `cv2.imdecode` at full size (torchvision's `decode_image` is "
+        "deprecated); the rendered task decodes with `cv2.imdecode` and its IMREAD_REDUCED flags (PIL reads the "
+        "header only), the baseline's with PIL's draft. libjpeg's reduced-scale decode skips most of the inverse "
+        "DCT and colour work, not the entropy decoding, which grows with the file's size: the heavier the JPEG, "
+        "the smaller the gain.",
         "",
     ]
     lines = []
@@ -314,36 +335,77 @@ def _decode_section(rows: list[dict]) -> list[str]:
         run = next((x for x in r["runs"] if x), None)
         shape = f"{run['decoded'][2]} x {run['decoded'][1]}" if run else "–"
         lines.append([r["name"], *_speed_cells(r), _n(r["median"] and 1000 / r["median"], ".1f"), shape])
-        lines[-1].append(_x(r.get("x_full")))
-    return text + _table(["", "samples/s", "range", "ms/sample", "decoded to", "x full"], lines)
+        lines[-1] += [_x(r.get("x_full")), _x(r.get("x_before"))]
+    return text + _table(["", "samples/s", "range", "ms/sample", "decoded to", "x full", "x before"], lines)
 
 
-def _memory_section(mem: dict | None, folder: dict | None, workers: int) -> list[str]:
+def _train_section(rows: list[dict], s: dict, ref: str | None) -> list[str]:
+    """``train`` for one epoch, rendered and the baseline's, from the folder and the cache."""
+    batches = s.get("train_batches")
+    epoch = f"at most {batches} batches (`train.max_batches={batches}`)" if batches else "the whole train split"
+    text = [
+        "",
+        "## Training for one epoch (the CPU)",
+        "",
+        f"`python -m <package> train` (its command line's `main`, in the probe's process) for one epoch of {epoch} "
+        f"on the 224 px photos, batch {s['batch_size']}, `loader.tuned=` (no `bench --quick` first), "
+        f"num_workers {s['workers']}, prefetch_factor 2, persistent workers, on the CPU: the model's steps share "
+        "the cores with the loader's workers. The samples/s are the epoch's samples after its first batch over "
+        "the seconds after it (the first waits for the workers to start), timed alike in both versions by "
+        "wrapping the project's `train_one_epoch`; *metrics.jsonl* is the `samples_per_s` the run itself "
+        "reported: the rendered version's leaves the first batch's samples out (the seconds the workers take to "
+        "start still count), the baseline's counts the whole epoch, so the two columns are not comparable "
+        "across versions. `train.max_batches` bounds the rendered version's validation too, not the baseline's "
+        "(validation is not timed here).",
+        "",
+    ]
+    header = ["run", "samples/s", "range", "x before", "metrics.jsonl samples_per_s", "whole epoch samples/s"]
+    header += ["first batch (s)", "samples an epoch", "samples/CPU-s"]
+    lines = [
+        [r["name"], *_speed_cells(r), _x(r.get("x_before")), _n(r.get("reported_samples_per_s_median"), ".1f")]
+        + [_n(r.get("whole_epoch_samples_per_s_median"), ".1f"), _n(r.get("first_batch_s_median"), ".2f")]
+        + [_n(r.get("samples_median")), _n(r["median_cpu"], ".1f")]
+        for r in rows
+    ]
+    text += _table(header, lines)
+    low, high = TRAIN_BAND
+    text += ["", f"The goal holds each rendered row within {low:.2f}-{high:.2f}x of the baseline's same row."]
+    return text
+
+
+def _memory_section(memory: dict, workers: int, ref: str | None) -> list[str]:
     text = ["", "## Worker memory while reading the cache", ""]
-    if mem is None:
+    cache = memory.get(CACHE)
+    if cache is None:
         return [*text, "Pending: the cache loader did not run."]
     text += [
         "Each loader worker's memory from /proc/<pid>/smaps_rollup at the first batch of its first epoch and at "
-        f"the end of that epoch ({mem['samples']:.0f} samples; {mem['workers']} worker readings over the rounds: "
-        "median MB, and the largest growth of any worker). Anonymous memory is what a worker owns; RSS also "
-        "counts the cache's file pages it has mapped, shared with the other workers through the page cache; PSS "
-        "splits those among them. The folder loader's workers, which map no cache, are the comparison.",
+        f"the end of that epoch ({cache['samples']:.0f} samples; {cache['workers']} worker readings over the rounds "
+        "for the default cache loader: median MB, and the largest growth of any worker). Anonymous memory is what a "
+        "worker owns; RSS also counts the cache's file pages it has mapped, shared with the other workers through "
+        "the page cache, and the batch pool's shared-memory blocks; PSS splits those among them. The folder "
+        "loaders' workers, which map no cache, are the comparison.",
         "",
     ]
-    loaders = [("cache", mem, ("anonymous", "pss", "rss"))]
-    loaders += [("folder", folder, ("anonymous", "rss"))] if folder else []
-    lines = [
-        [f"{name} loader: {key}", f"{m[key]['before']:.0f}", f"{m[key]['after']:.0f}", f"{m[key]['max_growth']:+.1f}"]
-        for name, m, keys in loaders
-        for key in keys
-    ]
+    names = [CACHE, *(n for n in memory if n != CACHE)]  # the default cache loader first, then as they ran
+    lines = []
+    for name in names:
+        m = memory[name]
+        keys = ("anonymous", "rss") if "folder" in name else ("anonymous", "pss", "rss")
+        for key in keys:
+            lines.append(
+                [f"{name}: {key}", f"{m[key]['before']:.0f}", f"{m[key]['after']:.0f}", f"{m[key]['max_growth']:+.1f}"]
+            )
     text += _table(["per worker", "first batch (MB)", "end of the epoch (MB)", "largest growth (MB)"], lines)
-    if folder and min(mem["anonymous"]["max_growth"], folder["anonymous"]["max_growth"]) >= FLAT_MB:
-        per_sample = 1024 * mem["anonymous"]["max_growth"] / (mem["samples"] / workers)
+    folder = memory.get(FOLDER)
+    if folder and min(cache["anonymous"]["max_growth"], folder["anonymous"]["max_growth"]) >= FLAT_MB:
+        per_sample = 1024 * cache["anonymous"]["max_growth"] / (cache["samples"] / workers)
         text += [
             "",
             f"Both loaders' workers grow alike, so the growth is not the cache's: about {per_sample:.0f} KB per "
             "sample a worker produced, near the 147 KB of a 224 px sample: the workers keep memory of the "
             "batches they sent.",
         ]
+    if ref and before("cache", ref) not in memory:
+        text += ["", f"The baseline's cache loader ({ref}) gave no reading."]
     return text

@@ -9,6 +9,11 @@ the goals need the rows of every group they name.
 The ``epochs`` rows (probe.py's ``epochs``: two whole epochs a run) also get each epoch's images/s
 per round and their medians, the second epoch against the first, and each epoch against local
 shards (``EPOCHS_LOCAL``) within each round.
+
+A row rendered from the baseline commit (``loaders.py --baseline REF``) is named ``before(what, REF)``;
+the rendered rows it is the "before" of (``befores``) get ``x_before``, their ratio to it in each round.
+The ``train`` rows (probe.py's ``train``) also get the medians of what metrics.jsonl reported, of the
+whole epoch's samples/s and of its first batch's seconds.
 """
 
 from __future__ import annotations
@@ -20,24 +25,71 @@ import statistics
 import subprocess
 from pathlib import Path
 
-# Which limit row bounds which loader row (224 px).
-LIMITS = {
-    "folder (rendered)": "folder limit",
-    "cache (rendered)": "cache limit",
-    "cache, torchvision's crop (before)": "cache limit, torchvision's crop (before)",
-    "shards, local (rendered)": "shards limit",
-    "shards, loopback HTTP (rendered)": "shards limit",
-}
+# The rows the report names (224 px loaders, decoding, train), rendered from this checkout.
+FOLDER = "folder (rendered)"
+CACHE = "cache (rendered, batch pool off: the default path)"
+CACHE_POOL = "cache (rendered, batch pool on)"  # loader.batch_pool=true: the cache loader at its best
+FULL_DECODE = "full decode (cv2.imdecode) + crop"
+TASK_DECODE_STEM = "the task's train decode (reduced scale) + crop"
+TASK_DECODE = f"{TASK_DECODE_STEM} (rendered, OpenCV)"
+EIGHTH_DECODE = "reduced-scale decode to >= 256 px + crop (rendered, OpenCV)"
+TRAIN_FOLDER = "train, folder (rendered)"
+TRAIN_CACHE = "train, cache (rendered, pool off)"
+TRAIN_CACHE_POOL = "train, cache (rendered, pool on)"
 # The cache limit's work in a process per core at once: the machine's own ceiling for it (one process's
 # rate x the cores assumes the cores share nothing).
 TOGETHER = "cache limit, a process per core at once"
-SPLIT = ("folder (rendered)", "cache (rendered)")  # the loader rows whose CPU is read by role
 IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
 EPOCHS_LOCAL = "shards, local (rendered)"  # the epochs row the others are compared with, epoch by epoch
-# The rows the goals are measured on: without one of them (a run of some groups), no goals.
-GOAL_ROWS = (("224", "cache (rendered)"), ("224", "folder (rendered)"), ("224", "shards, local (rendered)"))
-GOAL_ROWS += (("64", "folder (rendered)"), ("64", "shards (rendered)"))
+TRAIN_BAND = (0.95, 1.05)  # train (CPU) unchanged: rendered / before within this
+# The rows the goals are measured on: without one of them (a run of some groups), no goals. The goals on
+# the baseline's rows or the train rows are pending without them.
+GOAL_ROWS = (("224", CACHE_POOL), ("224", FOLDER), ("224", "shards, local (rendered)"))
+GOAL_ROWS += (("64", "folder (rendered)"), ("64", "shards (rendered)"), ("decode", FULL_DECODE))
+GOAL_ROWS += (("decode", TASK_DECODE),)
+
+
+def before(what: str, ref: str) -> str:
+    """The name of the row of ``what`` measured on the project rendered from the baseline ``ref``."""
+    return f"{what} (before: {ref})"
+
+
+def limits(ref: str | None) -> dict[str, str]:
+    """Which limit row bounds which loader row (224 px); the baseline's rows with ``ref``."""
+    out = {
+        FOLDER: "folder limit",
+        CACHE: "cache limit",
+        CACHE_POOL: "cache limit",
+        "cache, torchvision's crop (before)": "cache limit, torchvision's crop (before)",
+        "shards, local (rendered)": "shards limit",
+        "shards, loopback HTTP (rendered)": "shards limit",
+    }
+    if ref:
+        out |= {before("folder", ref): "folder limit (before)", before("cache", ref): "cache limit (before)"}
+    return out
+
+
+def befores(ref: str | None) -> dict[tuple[str, str], str]:
+    """``{(group, rendered row): the baseline's row}``: what each rendered row is compared with (``x_before``)."""
+    if not ref:
+        return {}
+    return {
+        ("224", FOLDER): before("folder", ref),
+        ("224", CACHE): before("cache", ref),
+        ("224", CACHE_POOL): before("cache", ref),
+        ("decode", TASK_DECODE): before(TASK_DECODE_STEM, ref),
+        ("train", TRAIN_FOLDER): before("train, folder", ref),
+        ("train", TRAIN_CACHE): before("train, cache", ref),
+        ("train", TRAIN_CACHE_POOL): before("train, cache", ref),
+    }
+
+
+def split_rows(ref: str | None) -> tuple[str, ...]:
+    """The 224 px loader rows whose CPU is read by role (probe.py's ``split``)."""
+    if not ref:
+        return (FOLDER, CACHE, CACHE_POOL)
+    return (FOLDER, before("folder", ref), CACHE, CACHE_POOL, before("cache", ref))
 
 
 def template_state(repo: Path) -> str:
@@ -51,6 +103,7 @@ def template_state(repo: Path) -> str:
 
 
 def machine(repo: Path, template: str | None = None) -> dict:
+    import cv2
     import numpy
     import PIL
     import torch
@@ -77,9 +130,20 @@ def machine(repo: Path, template: str | None = None) -> dict:
         "webdataset": getattr(webdataset, "__version__", "?"),
         "pillow": PIL.__version__,
         "numpy": numpy.__version__,
+        "opencv": cv2.__version__,
+        "torchcodec": _version("torchcodec"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "template": template or template_state(repo),  # as rendered (main passes it), else as now
     }
+
+
+def _version(package: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _speeds(row: dict, rounds: int) -> list[float | None]:
@@ -113,7 +177,8 @@ def collect(rows, settings: dict, repo: Path, template: str | None = None) -> di
         }
         for r in rows
     ]
-    rounds = settings["rounds"]
+    rounds, ref = settings["rounds"], settings.get("baseline")
+    limit_of, before_of = limits(ref), befores(ref)
     for row in out:
         row["speeds"], row["per_cpu"] = _speeds(row, rounds), _per_cpu(row, rounds)
         measured = [x for x in row["speeds"] if x]
@@ -128,33 +193,51 @@ def collect(rows, settings: dict, repo: Path, template: str | None = None) -> di
             values = "per_cpu" if key else "speeds"
             tuned = [max((b[values][k] for b in baselines if b[values][k]), default=None) for k in range(rounds)]
             if row["group"] == "224":
-                row["x_folder" + key] = _ratio(row[values], by["224", "folder (rendered)"][values])
+                if ("224", FOLDER) in by:
+                    row["x_folder" + key] = _ratio(row[values], by["224", FOLDER][values])
                 row["x_imagefolder" + key] = _ratio(row[values], tuned)
-                limit = by.get(("limit", LIMITS.get(row["name"], "")))
+                limit = by.get(("limit", limit_of.get(row["name"], "")))
                 row["of_limit" + key] = _ratio(row[values], limit[values], 1 if key else cores) if limit else None
-                if row["name"] == "cache (rendered)" and ("limit", TOGETHER) in by:
+                if row["name"] in (CACHE, CACHE_POOL) and ("limit", TOGETHER) in by:
                     row["of_together" + key] = _ratio(row[values], by["limit", TOGETHER][values], 1 if key else cores)
-            elif row["group"] == "64":
+            elif row["group"] == "64" and ("64", "folder (rendered)") in by:
                 row["x_folder" + key] = _ratio(row[values], by["64", "folder (rendered)"][values])
-    decode = [r for r in out if r["group"] == "decode"]
-    for row in decode[1:]:
-        row["x_full"] = _ratio(row["speeds"], decode[0]["speeds"])
+            baseline = by.get((row["group"], before_of.get((row["group"], row["name"]), "")))
+            if baseline is not None:
+                row["x_before" + key] = _ratio(row[values], baseline[values])
+    full = by.get(("decode", FULL_DECODE))
+    for row in out:
+        if row["group"] == "decode" and full is not None and row is not full:
+            row["x_full"] = _ratio(row["speeds"], full["speeds"])
+    _train(out, rounds)
     _epochs(out, rounds)
     result = {"machine": machine(repo, template), "settings": settings, "rows": out, "cores": cores}
-    result["memory"] = _memory(by["224", "cache (rendered)"]) if ("224", "cache (rendered)") in by else None
-    result["folder_memory"] = _memory(by["224", "folder (rendered)"]) if ("224", "folder (rendered)") in by else None
+    result["memory"] = {r["name"]: m for r in out if r["group"] == "224" and (m := _memory(r))}
     result["cpu_split"] = {
-        name: _cpu_split(by["224", name], by["limit", LIMITS[name]])
-        for name in SPLIT
-        if ("224", name) in by and ("limit", LIMITS[name]) in by
+        name: _cpu_split(by["224", name], by["limit", limit_of[name]])
+        for name in split_rows(ref)
+        if ("224", name) in by and ("limit", limit_of[name]) in by
     }
     together = by.get(("limit", TOGETHER))
-    if result["cpu_split"].get("cache (rendered)") and together and together["median_cpu"]:
-        result["cpu_split"]["cache (rendered)"]["limit_together"] = 1e6 / together["median_cpu"]
+    for name in (CACHE, CACHE_POOL):
+        if result["cpu_split"].get(name) and together and together["median_cpu"]:
+            result["cpu_split"][name]["limit_together"] = 1e6 / together["median_cpu"]
     result["other_load"] = _other_load(out)
-    complete = all(key in by for key in GOAL_ROWS) and len(decode) >= 3
-    result["goals"] = _goals(result, by, decode) if complete else []
+    complete = all(key in by for key in GOAL_ROWS)
+    result["goals"] = _goals(result, by) if complete else []
     return result
+
+
+def _train(rows: list[dict], rounds: int) -> None:
+    """Add to each ``train`` row the medians over rounds of what metrics.jsonl reported (``reported_median``),
+    of the whole epoch's samples/s, of its first batch's seconds and of the samples it trained on."""
+    for row in rows:
+        if row["group"] != "train":
+            continue
+        runs = [r for r in row["runs"] if r]
+        for key in ("reported_samples_per_s", "whole_epoch_samples_per_s", "first_batch_s", "samples", "seconds"):
+            seen = [r[key] for r in runs if r.get(key) is not None]
+            row[key + "_median"] = statistics.median(seen) if seen else None
 
 
 def _epochs(rows: list[dict], rounds: int) -> None:
@@ -265,13 +348,20 @@ def _together(cache: dict) -> str:
     return f"{cache['of_together']:.0%} of that work in a process per core at once"
 
 
-def _goals(result: dict, by: dict, decode: list[dict]) -> list[dict]:
-    """Each goal of issues 10 and 18 with its measured value: met, not met, or pending (and why)."""
+def _pending(row: dict | None, why: str) -> str:
+    return (row or {}).get("pending") or why
+
+
+def _goals(result: dict, by: dict) -> list[dict]:
+    """Each goal with its measured value: met, not met, reported (no target), or pending (and why)."""
+    ref = result["settings"].get("baseline")
+    no_baseline = "pending: no baseline (--baseline '')" if not ref else "pending: the baseline's row did not run"
 
     def goal(text: str, row: dict, key: str, target: float, note: str = "") -> dict:
         value, per_cpu = row.get(key), row.get(key + "_cpu")
         if value is None:
-            return {"goal": text, "value": None, "met": None, "note": row["pending"] or "pending"}
+            why = no_baseline if key == "x_before" else "pending"
+            return {"goal": text, "value": None, "met": None, "note": _pending(row, why)}
 
         def shown(v: float) -> str:
             return f"{v:.0%}" if key.startswith("of_limit") else f"{v:.2f}x"
@@ -280,28 +370,93 @@ def _goals(result: dict, by: dict, decode: list[dict]) -> list[dict]:
             note = "; ".join(filter(None, [f"{shown(per_cpu)} per CPU-second", note]))
         return {"goal": text, "value": shown(value), "met": value >= target, "note": note}
 
-    cache, folder = by["224", "cache (rendered)"], by["224", "folder (rendered)"]
+    cache, pool_off, folder = by["224", CACHE_POOL], by.get(("224", CACHE)), by["224", FOLDER]
     shards64, shards224 = by["64", "shards (rendered)"], by["224", "shards, local (rendered)"]
-    train, eighth = decode[1], decode[2]
+    train, eighth = by["decode", TASK_DECODE], by.get(("decode", EIGHTH_DECODE)) or {}
     first = next((r for r in train["runs"] if r), None)
     scale = f"the train path decodes to {first['decoded'][2]} x {first['decoded'][1]} here" if first else ""
     scale += f"; at 1/8 scale: {eighth['x_full']:.2f}x" if eighth.get("x_full") else ""
+    old = by.get(("decode", before(TASK_DECODE_STEM, ref))) if ref else None
+    scale += f"; before ({ref}): {old['x_full']:.2f}x" if old and old.get("x_full") else ""
+    off = f"pool off: {pool_off['x_folder']:.2f}x" if pool_off and pool_off.get("x_folder") else ""
     goals = [
-        goal("cache loader >= 4x the folder loader (224 px, 2 workers)", cache, "x_folder", 4),
-        goal("cache loader >= 6x a tuned ImageFolder (224 px)", cache, "x_imagefolder", 6),
-        goal("cache loader >= 80% of its limit", cache, "of_limit", 0.8, _together(cache)),
-        goal("folder loader >= 90% of its limit", folder, "of_limit", 0.9),
+        goal("cache loader, pool on, >= 4x the folder loader (224 px, 2 workers)", cache, "x_folder", 4, off),
+        goal("cache loader, pool on, >= 6x a tuned ImageFolder (224 px)", cache, "x_imagefolder", 6),
+        goal("cache loader, pool on, >= 80% of its limit", cache, "of_limit", 0.8, _together(cache)),
+        _folder_goal(folder, no_baseline),
+        goal("cache loader at its best setting (pool on) >= 0.95x before", cache, "x_before", 0.95),
+        _pool_off_goal(pool_off, cache, no_baseline),
+        _train_goal(by, ref, no_baseline),
         goal("shards >= 0.95x folder at 64 px", shards64, "x_folder", 0.95),
         goal("shards >= 0.95x folder at 224 px", shards224, "x_folder", 0.95),
         goal("reduced-scale decode >= 3x full decode (3000 px JPEGs, 224 crop)", train, "x_full", 3, scale),
     ]
     goals.append(_crop_goal(result))
-    memory = result["memory"]
-    text = f"cache workers' anonymous memory flat over an epoch (grows < {FLAT_MB} MB)"
-    if memory is None:
-        goals.append({"goal": text, "value": None, "met": None, "note": cache["pending"] or "pending"})
-    else:
-        growth, folder = memory["anonymous"]["max_growth"], result["folder_memory"]
-        note = f"the folder loader's: {folder['anonymous']['max_growth']:+.1f} MB (see Worker memory)" if folder else ""
-        goals.append({"goal": text, "value": f"{growth:+.1f} MB", "met": growth < FLAT_MB, "note": note})
+    goals.append(_memory_goal(result, pool_off, ref))
     return goals
+
+
+def _folder_goal(folder: dict, no_baseline: str) -> dict:
+    """The default folder loader against the baseline's and against its limit: both must hold."""
+    text = "default folder loader >= 0.95x before and >= 90% of its limit"
+    x, share = folder.get("x_before"), folder.get("of_limit")
+    if share is None:
+        return {"goal": text, "value": None, "met": None, "note": _pending(folder, "pending: its limit did not run")}
+    cpu = [f"{folder['of_limit_cpu']:.0%} of its limit per CPU-second"] if folder.get("of_limit_cpu") else []
+    if folder.get("x_before_cpu"):
+        cpu.insert(0, f"{folder['x_before_cpu']:.2f}x before per CPU-second")
+    if x is None:
+        note = "; ".join([no_baseline, *cpu])
+        return {"goal": text, "value": f"{share:.0%} of its limit", "met": None, "note": note}
+    return {
+        "goal": text,
+        "value": f"{x:.2f}x before; {share:.0%} of its limit",
+        "met": x >= 0.95 and share >= 0.9,
+        "note": "; ".join(cpu),
+    }
+
+
+def _pool_off_goal(pool_off: dict | None, pool_on: dict, no_baseline: str) -> dict:
+    """The cache loader with the batch pool off (the default path): reported against the baseline and the pool."""
+    text = "cache loader with the pool off (reported)"
+    if pool_off is None or pool_off.get("x_folder") is None:
+        return {"goal": text, "value": None, "met": None, "note": _pending(pool_off, "pending")}
+    parts = [f"{pool_off['x_before']:.2f}x before"] if pool_off.get("x_before") is not None else []
+    parts.append(f"{pool_off['x_folder']:.2f}x the folder loader")
+    note = []
+    if pool_off.get("x_before") is None:
+        note.append(no_baseline)
+    if pool_off.get("median") and pool_on.get("median"):
+        note.append(f"{pool_off['median'] / pool_on['median']:.2f}x the pool on (medians)")
+    if pool_off.get("of_limit") is not None:
+        note.append(f"{pool_off['of_limit']:.0%} of its limit")
+    return {"goal": text, "value": "; ".join(parts), "met": "reported", "note": "; ".join(note)}
+
+
+def _train_goal(by: dict, ref: str | None, no_baseline: str) -> dict:
+    """``train`` on the CPU, one epoch, rendered against the baseline's: each ratio within TRAIN_BAND."""
+    low, high = TRAIN_BAND
+    text = f"train (CPU) unchanged: rendered/before within {low:.2f}-{high:.2f}x"
+    rows = [by.get(("train", name)) for name in (TRAIN_FOLDER, TRAIN_CACHE, TRAIN_CACHE_POOL)]
+    if not any(rows):
+        return {"goal": text, "value": None, "met": None, "note": "pending: the train group did not run"}
+    ratios = {r["name"]: r.get("x_before") for r in rows if r}
+    if not ref or any(v is None for v in ratios.values()):
+        why = next((r["pending"] for r in rows if r and r["pending"]), no_baseline)
+        return {"goal": text, "value": None, "met": None, "note": why}
+    value = ", ".join(f"{name.removeprefix('train, ')}: {v:.2f}x" for name, v in ratios.items())
+    note = "samples/s after the epoch's first batch, timed alike in both versions (see Training for one epoch)"
+    return {"goal": text, "value": value, "met": all(low <= v <= high for v in ratios.values()), "note": note}
+
+
+def _memory_goal(result: dict, cache: dict | None, ref: str | None) -> dict:
+    """The default cache loader's workers' anonymous memory over an epoch; the others' in the note."""
+    text = f"cache workers' anonymous memory flat over an epoch (grows < {FLAT_MB} MB)"
+    memory = result["memory"]
+    mine = memory.get(CACHE)
+    if mine is None:
+        return {"goal": text, "value": None, "met": None, "note": _pending(cache, "pending")}
+    others = [(name, memory.get(name)) for name in (CACHE_POOL, before("cache", ref) if ref else None, FOLDER)]
+    note = "; ".join(f"{name}: {m['anonymous']['max_growth']:+.1f} MB" for name, m in others if name and m)
+    growth = mine["anonymous"]["max_growth"]
+    return {"goal": text, "value": f"{growth:+.1f} MB", "met": growth < FLAT_MB, "note": note}
