@@ -73,7 +73,7 @@ REPO = HERE.parent
 PACKAGE = "bench_project"
 SOURCES = ("folder", "shards", "stream")
 BEFORE = "folder-before"  # the projects' key of the folder project rendered from the baseline commit
-BASELINE = "8b1aa5e"  # the commit before the batch pool became opt-in and OpenCV took the decode (issue 36)
+BASELINE = results.BASELINE  # the commit before the batch pool became opt-in and OpenCV took the decode
 GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "train", "epochs")
 # What prepare writes for each group's rows: rendered projects (by source; BEFORE: the baseline's) and data.
 NEEDS = {

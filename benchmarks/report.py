@@ -6,7 +6,7 @@ sections of the groups that ran (all of them, unless ``loaders.py --only`` chose
 
 from __future__ import annotations
 
-from results import CACHE, FLAT_MB, FOLDER, TOGETHER, TRAIN_BAND, before, crop_quality, handoff
+from results import BASELINE, CACHE, FLAT_MB, FOLDER, TOGETHER, TRAIN_BAND, before, crop_quality, handoff
 
 
 def _n(value, spec: str = ".0f", none: str = "–") -> str:
@@ -123,6 +123,7 @@ def markdown(result: dict) -> str:
         text += [f"- {r['name']} ({r['group']}): {r['pending']}" for r in pending]
         text += [f"- {r['name']} ({r['group']}): {len(r['errors'])} run(s) failed: {r['errors'][-1]}" for r in failed]
     rerun = f" --only {','.join(only)}" if only else ""
+    rerun += "" if ref == BASELINE else f" --baseline {ref or repr('')}"
     text += ["", f"Rerun: `.venv/bin/python benchmarks/loaders.py{rerun}` (`--help` lists the settings).", ""]
     return "\n".join(text)
 
@@ -152,7 +153,7 @@ def _224_sections(result: dict, group: dict) -> list[str]:
     if not group["limit"]:
         return text
     text += [
-        "",
+        *([""] if group["224"] else []),
         "Limits: one process's per-sample work on the rendered source (on the baseline's: the rows named `... limit "
         f"(before)`), no DataLoader, x {cores} cores. The cache's is also run in {cores} processes at once, timed "
         f"over the same window ({TOGETHER}: each process's samples/s, and their sum): the machine's own ceiling for "

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+BASELINE = "8b1aa5e"  # loaders.py --baseline's default: the commit before the batch pool became opt-in (issue 36)
 # The rows the report names (224 px loaders, decoding, train), rendered from this checkout.
 FOLDER = "folder (rendered)"
 CACHE = "cache (rendered, batch pool off: the default path)"

@@ -296,7 +296,10 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     loss = loss_total / max(samples_total, 1)
     data_wait = wait_total / dist.get_world_size()  # the ranks' mean
     # the rate after the first batch, which waits for the workers to start: a smoke run's few batches too
-    rate = (samples_total - wait.first) / max(seconds - wait.first_s, 1e-9) if wait.batches > 1 else 0.0
+    # the rate of this process's part of the epoch after its first batch, which waits for the workers to
+    # start (a smoke run's few batches too; an epoch resumed midway: its part after the resume)
+    after = samples_total - carried.get("samples", 0) - wait.first
+    rate = after / max(time.perf_counter() - wait.first_at, 1e-9) if wait.batches > 1 else 0.0
     return {
         "loss": loss,
         "samples": int(samples_total),
@@ -316,17 +319,17 @@ class DataWait:
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds = seconds  # what the epoch waited before a resume, if it was resumed
         self.batches = 0
-        self.first, self.first_s = 0, 0.0  # the first batch's samples (all ranks') and the seconds until it came
+        self.first, self.first_at = 0, 0.0  # the first batch's samples (all ranks') and when it came
 
     def timed(self, batches: Iterable[dict]) -> Iterator[dict]:
-        it, begun = iter(batches), time.perf_counter()
+        it = iter(batches)
         while True:
             started = time.perf_counter()
             batch = next(it, None)
             if self.batches:
                 self.seconds += time.perf_counter() - started
             elif batch is not None:
-                self.first, self.first_s = len(batch["key"]) * dist.get_world_size(), time.perf_counter() - begun
+                self.first, self.first_at = len(batch["key"]) * dist.get_world_size(), time.perf_counter()
             if batch is None:
                 return
             self.batches += 1
