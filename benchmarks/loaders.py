@@ -9,8 +9,9 @@ commit before the batch pool became opt-in and OpenCV took the decode; ``--basel
 from ``git archive REF``; then on the same data measures, at 224 px crops from 400-600 px JPEG
 photos (photos.py):
 
-    the rendered folder loader and the baseline's, the rendered cache loader (``pack --to cache``,
-    ``data.cache=``) with its batch pool off (the default) and on (``loader.batch_pool=true``) and
+    the rendered folder loader (its batch pool off, the default, and on) and the baseline's, the
+    rendered cache loader (``pack --to cache``, ``data.cache=``) with its batch pool off (the
+    default) and on (``loader.batch_pool=true``) and
     the baseline's cache loader (its own cache, packed by its own code; its pool on, its default),
     the rendered folder and cache loaders also with torchvision's crop in place of the task's (as
     before crops.RandomResizedCropFlip), the rendered shards loader on local shards and over
@@ -349,6 +350,7 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
 
     rows = [
         loader(results.FOLDER, "224", "folder", folder, memory=True, split=True),
+        loader(results.FOLDER_POOL, "224", "folder", [*folder, "loader.batch_pool=true"], split=True),
         loader(before("folder"), "224", BEFORE, folder, memory=True, split=True),
         loader(results.CACHE, "224", "folder", cache, memory=True, split=True),
         loader(results.CACHE_POOL, "224", "folder", pool, memory=True, split=True),

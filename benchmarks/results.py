@@ -28,6 +28,7 @@ from pathlib import Path
 BASELINE = "8b1aa5e"  # loaders.py --baseline's default: the commit before the batch pool became opt-in (issue 36)
 # The rows the report names (224 px loaders, decoding, train), rendered from this checkout.
 FOLDER = "folder (rendered)"
+FOLDER_POOL = "folder (rendered, batch pool on)"  # loader.batch_pool=true, as bench turns it on where faster
 CACHE = "cache (rendered, batch pool off: the default path)"
 CACHE_POOL = "cache (rendered, batch pool on)"  # loader.batch_pool=true: the cache loader at its best
 FULL_DECODE = "full decode (cv2.imdecode) + crop"
@@ -43,7 +44,7 @@ TOGETHER = "cache limit, a process per core at once"
 IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
 EPOCHS_LOCAL = "shards, local (rendered)"  # the epochs row the others are compared with, epoch by epoch
-TRAIN_BAND = (0.95, 1.05)  # train (CPU) unchanged: rendered / before within this
+TRAIN_FLOOR = 0.95  # train (CPU) no slower: rendered / before at least this
 # The rows the goals are measured on: without one of them (a run of some groups), no goals. The goals on
 # the baseline's rows or the train rows are pending without them.
 GOAL_ROWS = (("224", CACHE_POOL), ("224", FOLDER), ("224", "shards, local (rendered)"))
@@ -60,6 +61,7 @@ def limits(ref: str | None) -> dict[str, str]:
     """Which limit row bounds which loader row (224 px); the baseline's rows with ``ref``."""
     out = {
         FOLDER: "folder limit",
+        FOLDER_POOL: "folder limit",
         CACHE: "cache limit",
         CACHE_POOL: "cache limit",
         "cache, torchvision's crop (before)": "cache limit, torchvision's crop (before)",
@@ -77,6 +79,7 @@ def befores(ref: str | None) -> dict[tuple[str, str], str]:
         return {}
     return {
         ("224", FOLDER): before("folder", ref),
+        ("224", FOLDER_POOL): before("folder", ref),
         ("224", CACHE): before("cache", ref),
         ("224", CACHE_POOL): before("cache", ref),
         ("decode", TASK_DECODE): before(TASK_DECODE_STEM, ref),
@@ -89,8 +92,8 @@ def befores(ref: str | None) -> dict[tuple[str, str], str]:
 def split_rows(ref: str | None) -> tuple[str, ...]:
     """The 224 px loader rows whose CPU is read by role (probe.py's ``split``)."""
     if not ref:
-        return (FOLDER, CACHE, CACHE_POOL)
-    return (FOLDER, before("folder", ref), CACHE, CACHE_POOL, before("cache", ref))
+        return (FOLDER, FOLDER_POOL, CACHE, CACHE_POOL)
+    return (FOLDER, FOLDER_POOL, before("folder", ref), CACHE, CACHE_POOL, before("cache", ref))
 
 
 def template_state(repo: Path) -> str:
@@ -385,6 +388,7 @@ def _goals(result: dict, by: dict) -> list[dict]:
         goal("cache loader, pool on, >= 6x a tuned ImageFolder (224 px)", cache, "x_imagefolder", 6),
         goal("cache loader, pool on, >= 80% of its limit", cache, "of_limit", 0.8, _together(cache)),
         _folder_goal(folder, no_baseline),
+        _folder_goal(by.get(("224", FOLDER_POOL)) or {}, no_baseline, pool=True),
         goal("cache loader at its best setting (pool on) >= 0.95x before", cache, "x_before", 0.95),
         _pool_off_goal(pool_off, cache, no_baseline),
         _train_goal(by, ref, no_baseline),
@@ -397,9 +401,12 @@ def _goals(result: dict, by: dict) -> list[dict]:
     return goals
 
 
-def _folder_goal(folder: dict, no_baseline: str) -> dict:
-    """The default folder loader against the baseline's and against its limit: both must hold."""
+def _folder_goal(folder: dict, no_baseline: str, *, pool: bool = False) -> dict:
+    """The folder loader (``pool``: with the batch pool on) against the baseline's and against its limit: both
+    must hold."""
     text = "default folder loader >= 0.95x before and >= 90% of its limit"
+    if pool:
+        text = "folder loader with the pool on (where bench measures it faster) >= 0.95x before and >= 90% of its limit"
     x, share = folder.get("x_before"), folder.get("of_limit")
     if share is None:
         return {"goal": text, "value": None, "met": None, "note": _pending(folder, "pending: its limit did not run")}
@@ -435,9 +442,8 @@ def _pool_off_goal(pool_off: dict | None, pool_on: dict, no_baseline: str) -> di
 
 
 def _train_goal(by: dict, ref: str | None, no_baseline: str) -> dict:
-    """``train`` on the CPU, one epoch, rendered against the baseline's: each ratio within TRAIN_BAND."""
-    low, high = TRAIN_BAND
-    text = f"train (CPU) unchanged: rendered/before within {low:.2f}-{high:.2f}x"
+    """``train`` on the CPU, one epoch, rendered against the baseline's: each ratio at least TRAIN_FLOOR."""
+    text = f"train (CPU) no slower: rendered/before >= {TRAIN_FLOOR:.2f}x"
     rows = [by.get(("train", name)) for name in (TRAIN_FOLDER, TRAIN_CACHE, TRAIN_CACHE_POOL)]
     if not any(rows):
         return {"goal": text, "value": None, "met": None, "note": "pending: the train group did not run"}
@@ -447,7 +453,7 @@ def _train_goal(by: dict, ref: str | None, no_baseline: str) -> dict:
         return {"goal": text, "value": None, "met": None, "note": why}
     value = ", ".join(f"{name.removeprefix('train, ')}: {v:.2f}x" for name, v in ratios.items())
     note = "samples/s after the epoch's first batch, timed alike in both versions (see Training for one epoch)"
-    return {"goal": text, "value": value, "met": all(low <= v <= high for v in ratios.values()), "note": note}
+    return {"goal": text, "value": value, "met": all(v >= TRAIN_FLOOR for v in ratios.values()), "note": note}
 
 
 def _memory_goal(result: dict, cache: dict | None, ref: str | None) -> dict:

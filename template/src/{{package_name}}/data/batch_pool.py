@@ -24,6 +24,15 @@ says so in one line and the loader hands batches over torch's own way.
 # (``x.untyped_storage()`` kept, the tensors dropped) does not: keep a tensor, or clone. A worker
 # that finds no free block stacks into a new one, as ``default_collate`` would: it never waits.
 # A collate of yours that stacks with ``torch.stack`` goes torch's own way, unchanged.
+#
+# NOTE [ Samples written where their batch goes ]
+# A worker's crops each went to new memory, which the batch then copied into its block: a sixth of
+# a cached sample's work. Where a map-style source's train transform has ``write_into`` (crops.py's
+# crop), the pool gives it, after each batch, the rows of a free block for the next one
+# (:meth:`Pool.reserve`): each crop is made in its row, and when the tensors ``default_collate``
+# stacks are those rows, in order, the block goes as it is (no copy). Otherwise (a transform of
+# yours after the crop, a bad sample whose crop was made) the batch is stacked into a block as
+# above, and the reserved one is free again, or dropped from the pool while a sample still uses it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import threading
 import weakref
@@ -88,8 +98,11 @@ class Pooled:
             raise
         finally:
             table[torch.Tensor] = pool.original
+            pool.unreserve()
         handed, pool.handed = pool.handed, None
-        return _mark(batch, pool, handed)
+        batch = _mark(batch, pool, handed)
+        pool.reserve()  # the next batch's rows, for its samples to be written in
+        return batch
 
 
 class Pool:
@@ -106,16 +119,52 @@ class Pool:
         self.flags_sent = False
         self.handed: list[tuple[int, int]] | None = None  # (block, data_ptr) of the batch being collated
         self.original = None  # default_collate's own way to stack tensors
+        self.writer = _row_writer()  # the train transform's write_into, if it has one
+        self.largest: tuple[tuple[int, ...], torch.dtype] | None = None  # the largest stacked tensor's
+        self.reserved: tuple[int, torch.Tensor] | None = None  # (block, its rows) for the next batch's samples
 
     def stack(self, batch: list[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
         """``default_collate``'s stacking of same-shaped tensors, into a free block of this pool."""
         first = batch[0]
-        nbytes = len(batch) * first.numel() * first.element_size()
+        shape, nbytes = (len(batch), *first.shape), len(batch) * first.numel() * first.element_size()
+        if self.handed is not None and (self.largest is None or nbytes > math.prod(self.largest[0])):
+            self.largest = (shape, first.dtype)
+        if self.reserved is not None and self.handed is not None and _are_rows(batch, self.reserved[1]):
+            i, rows = self.reserved  # the samples were written in place: the block goes as it is
+            self.unreserve(handed=True)
+            return rows[: len(batch)]
         i = self.take(nbytes) if type(first) is torch.Tensor and self.handed is not None else None
         if i is None:
             return self.original(batch, collate_fn_map=collate_fn_map)
         self.handed.append((i, self.blocks[i].data_ptr()))  # first: a failure from here frees the block
-        return torch.stack(batch, out=first.new_empty(0).set_(self.blocks[i], 0, (len(batch), *first.shape)))
+        return torch.stack(batch, out=first.new_empty(0).set_(self.blocks[i], 0, shape))
+
+    def reserve(self) -> None:
+        """After a batch: rows for the next one's samples, in a free block, given to the train transform's
+        ``write_into`` (NOTE [ Samples written where their batch goes ])."""
+        if self.writer is None or self.largest is None or self.reserved is not None:
+            return
+        shape, dtype = self.largest
+        i = self.take(math.prod(shape) * dtype.itemsize)
+        if i is not None:
+            self.reserved = (i, torch.empty(0, dtype=dtype).set_(self.blocks[i], 0, shape))
+            self.writer(self.reserved[1])
+
+    def unreserve(self, *, handed: bool = False) -> None:
+        """The reserved block is no longer written: handed over with its batch (``handed``), else free again
+        if no sample uses it, or dropped from the pool if one still does (it may leave as torch sends it)."""
+        if self.reserved is None:
+            return
+        i, rows = self.reserved
+        self.reserved = None
+        self.writer(None)
+        if handed:
+            self.handed.append((i, self.blocks[i].data_ptr()))
+            return
+        del rows
+        if _private_api()[0](self.blocks[i]._cdata) > 1:
+            self.put(i, None)
+        self.free[i] = 0
 
     def take(self, nbytes: int) -> int | None:
         """A block of at least ``nbytes`` the training process does not hold, flagged as handed; or ``None``."""
@@ -160,6 +209,30 @@ def _worker_pool(blocks: int, owner: str) -> Pool | None:
         except RuntimeError:  # no room in /dev/shm even for its flags: torch's own way
             return None
     return _pool
+
+
+def _row_writer():
+    """In a loader worker of a map-style source: its train transform's ``write_into`` (crops.py's crop has
+    one), which writes the next samples into given rows; ``None`` where there is none, or where the
+    samples may not be collated in the order they are made (an iterable source's buffers)."""
+    info = get_worker_info()
+    dataset = info.dataset if info is not None else None
+    if dataset is None or isinstance(dataset, torch.utils.data.IterableDataset):
+        return None
+    return getattr(getattr(getattr(dataset, "task", None), "transform", None), "write_into", None)
+
+
+def _are_rows(tensors: list[torch.Tensor], rows: torch.Tensor) -> bool:
+    """``tensors`` are the first rows of ``rows``, in order (the same memory, shape, strides and dtype)."""
+    start, step = rows.data_ptr(), rows.stride(0) * rows.element_size()  # row k starts at start + k * step
+    return len(tensors) <= len(rows) and all(
+        type(t) is torch.Tensor
+        and t.dtype == rows.dtype
+        and t.shape == rows.shape[1:]
+        and t.stride() == rows.stride()[1:]
+        and t.data_ptr() == start + k * step
+        for k, t in enumerate(tensors)
+    )
 
 
 @dataclass
