@@ -6,7 +6,8 @@ Renders the default image project (folder source) from this checkout (uncommitte
 writes photos of realistic size (photos.py: 400-600 px JPEGs), packs its cache, then in each round
 runs, each in a process of its own and a mount namespace of its own (``unshare -m``, a tmpfs of the
 size on /dev/shm): the folder loader and the cache loader alone (224 px crops, batch 64, 2 workers,
-prefetch_factor 2, persistent workers: ``loader.*`` samples/s over 40 batches after 4) and ``train``
+prefetch_factor 2, persistent workers: ``loader.*`` samples/s over 40 batches after 4; the cache's
+also with ``loader.batch_pool=true``) and ``train``
 for one epoch of each (its ``samples_per_s``, model step included), with /dev/shm unlimited (the
 host's) and 64 MB; the rows alternate their order from round to round. Then ``train`` once under
 8 MB. Writes ``OUT/shm.md`` (the table, what ``train`` printed) and ``OUT/shm.json`` (every run).
@@ -39,13 +40,14 @@ PROBE = """
 import json, os, sys, time
 from shm_bench.config import load_config
 from shm_bench.data import build_dataset, build_loader, set_epoch
-from shm_bench.data.loader import plan_shared_memory
+from shm_bench.data.settings import loader_settings
 
 def main():
     cfg = load_config(None, sys.argv[1:])
     dataset = build_dataset(cfg, "train")
-    blocks = plan_shared_memory([(dataset, cfg, "train")])[0]
-    loader = build_loader(dataset, cfg, "train", shm_blocks=blocks)
+    settings = loader_settings(cfg, {"train": dataset})["train"]  # /dev/shm's need checked, the pool sized
+    blocks = settings.pool_blocks
+    loader = build_loader(dataset, cfg, "train", settings)
     times, samples, epoch = [], 0, 0
     while len(times) < 44:
         set_epoch(loader, epoch)
@@ -105,7 +107,9 @@ def main() -> None:
     assert packed.returncode == 0, packed.stdout + packed.stderr
     (project / "probe.py").write_text(PROBE)
     loaders = {"folder": common, "cache": [*common, f"data.cache={cache}"]}
+    loaders["cache, batch pool on"] = [*loaders["cache"], "loader.batch_pool=true"]
     rows = [(kind, what, size) for kind in ("loader", "train") for what in loaders for size in SIZES]
+    rows = [(kind, what, size) for kind, what, size in rows if kind == "loader" or what in ("folder", "cache")]
     runs: dict[str, list] = {f"{kind} {what}, {size}": [] for kind, what, size in rows}
     printed: dict[str, str] = {}
     for r in range(args.rounds):
@@ -154,13 +158,14 @@ def write(out: Path, runs: dict, printed: dict) -> None:
         "# The loaders under Docker's 64 MB /dev/shm (benchmarks/shm.py)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: 224 px crops, batch 64, 2 workers,",
-        "prefetch_factor 2, persistent workers; medians of the rounds, and of each round's ratio to the unlimited run.",
+        "prefetch_factor 2, persistent workers, the batch pool off (the default) unless the row says;",
+        "medians of the rounds, and of each round's ratio to the unlimited run.",
         "",
         "| what | unlimited (samples/s) | 64 MB (samples/s) | 64 MB / unlimited | pool blocks a worker at 64 MB |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for kind in ("loader", "train"):
-        for what in ("folder", "cache"):
+        for what in ("folder", "cache", "cache, batch pool on") if kind == "loader" else ("folder", "cache"):
             full, small = runs[f"{kind} {what}, unlimited"], runs[f"{kind} {what}, 64 MB"]
             ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(full, small) if a and b]
             blocks = next((v.get("blocks") for v in small if v and "blocks" in v), "")
