@@ -372,7 +372,7 @@ def run_bench(
     a sample can be cropped and decoded, timed (:func:`bench_command`), for the report.
     """
     batches = batches or (6 if quick else 30)
-    base = loader_settings(cfg, {"train": dataset})["train"]  # the default rule's, and pin_memory's default
+    base = loader_settings(cfg, {"train": dataset}, plan=False)["train"]  # the default rule's; pin_memory's default
     points, skipped = sweep(cfg, dataset, quick, budget_s, batches)
     chosen = choose(points)
     tuned = {

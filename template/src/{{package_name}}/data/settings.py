@@ -44,7 +44,7 @@ class LoaderSettings:
 
 
 def loader_settings(
-    cfg, datasets: dict[str, Any], saved: dict | None = None, processes: int | None = None
+    cfg, datasets: dict[str, Any], saved: dict | None = None, processes: int | None = None, plan: bool = True
 ) -> dict[str, LoaderSettings]:
     """Each loader's settings, the only place they are resolved; before any loader is built.
 
@@ -61,6 +61,7 @@ def loader_settings(
         datasets (dict): ``{split: dataset}`` of the loaders that run side by side.
         saved (dict, optional): the checkpoint the run resumes from.
         processes (int, optional): the training processes of this node (default: ``dist.processes_per_node()``).
+        plan (bool): hold them against /dev/shm (False: the settings alone, as ``bench`` checks each of its own).
     """
     out, processes = {}, processes or dist.processes_per_node()
     most = max(1, dist.usable_cpus() // processes)
@@ -81,7 +82,8 @@ def loader_settings(
         if not isinstance(dataset, IterableDataset):
             settings.num_workers = min(settings.num_workers, len(dataset))
         out[split] = settings
-    plan_shm(datasets, out, cfg.loader.batch_size, processes)
+    if plan:
+        plan_shm(datasets, out, cfg.loader.batch_size, processes)
     return out
 
 
