@@ -48,8 +48,16 @@ from . import dist, project
 from .checks import run_checks, worker_processes
 from .data import build_loader, set_epoch
 from .data.cache import CacheSource
-from .data.loader import batch_bytes, plan_shm, shm_need, shm_space
-from .data.settings import LoaderSettings, fingerprint, loader_settings, write_tuned
+from .data.settings import (
+    LoaderSettings,
+    batch_bytes,
+    fingerprint,
+    loader_settings,
+    plan_shm,
+    shm_need,
+    shm_space,
+    write_tuned,
+)
 from .data.source import Source
 from .errors import SharedMemoryFull
 from .report import write_reports

@@ -109,8 +109,7 @@ def check(command: list[str], world_size: int, command_parser, processes: int = 
     """
     from .config import load_config
     from .data import build_dataset, build_loader
-    from .data.loader import plan_shm
-    from .data.settings import LoaderSettings, loader_settings
+    from .data.settings import LoaderSettings, loader_settings, plan_shm
 
     args = command_parser().parse_args(command)
     cfg = load_config(args.config, args.overrides)

@@ -1,6 +1,6 @@
 # torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
-"""The DataLoader factory: sampler, workers, seeding and /dev/shm, over a plain ``StatefulDataLoader``.
+"""The DataLoader factory: sampler, workers and seeding, over a plain ``StatefulDataLoader``.
 
     settings = loader_settings(cfg, {"train": train_set, "val": val_set}, saved)  # data/settings.py
     loader = build_loader(train_set, cfg, "train", settings["train"])
@@ -12,7 +12,8 @@ The loader is torchdata's ``StatefulDataLoader``, through its public API: ``stat
 batches is the position in the epoch, and ``load_state_dict(state)`` continues from it. Its workers
 start from a forkserver (or by spawn, never by fork), seeded, with the signals that stop a run
 blocked, and end with their training process. A worker that dies is one line built from its exit
-code; a mistake a worker found comes out as it was raised; /dev/shm too small is one line at start.
+code; a mistake a worker found comes out as it was raised; /dev/shm found full is one line (too small
+for the settings is one line before any worker starts: data/settings.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 from .. import dist, project
 from ..errors import SharedMemoryFull, Stalled, UserError, WorkerLost, died, unpicklable
 from ..stopping import STOP_SIGNALS
+from .settings import FIXES, MARGIN, SHM, loader_settings, mb, shm_space
 from .source import SkipBadCollate, Source
 
 log = logging.getLogger(__name__)
@@ -90,8 +92,6 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
             samples (:class:`~.source.SkipBadCollate`); torch's ``default_collate`` for other datasets.
     """
     if settings is None:
-        from .settings import loader_settings
-
         settings = loader_settings(cfg, {split: dataset})[split]
     loader_class = Loader
     if isinstance(dataset, Source):
@@ -375,110 +375,3 @@ def _kill_workers_at_exit() -> None:
             child.kill()
 
     multiprocessing.util.Finalize(None, kill, exitpriority=100)
-
-
-# --- /dev/shm ----------------------------------------------------------------------------------
-# NOTE [ The loaders' batches and a container's /dev/shm ]
-# A worker hands each batch over in shared memory, a file in /dev/shm, which a container keeps
-# small (Docker: 64 MB unless `--shm-size`). A loader with w workers and prefetch_factor p holds
-# up to w x p batches in flight while training holds 2 more; a batch pool (batch_pool.py) keeps
-# its blocks while its workers live, through validation too. Before any worker starts, what the
-# loaders of this node's training processes need is held against what is free: the pool gets
-# what fits beside torch's own need, and too little even for that is one line naming the size,
-# the need and the fixes, not a bus error in a worker in the middle of an epoch.
-SHM = "/dev/shm"
-HELD = 2  # batches the training process holds while the next one arrives
-MARGIN = 2 << 20  # for the rest: the batches' small tensors, multiprocessing's own
-MOST_BLOCKS = 8  # the most a worker's batch pool keeps
-FIXES = (
-    "give it more: `docker run --shm-size=1g` (or `--ipc=host`), on Kubernetes a volume `emptyDir: {medium: Memory}` "
-    "mounted at /dev/shm; or lower loader.num_workers (0 needs none), loader.prefetch_factor or loader.batch_size"
-)
-
-
-def shm_space() -> tuple[int, int] | None:
-    """``(size, free)`` bytes of /dev/shm; ``None`` where there is none (macOS, Windows: no such limit)."""
-    try:
-        st = os.statvfs(SHM)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
-def mb(n: float) -> str:
-    """``n`` bytes in MB, as a message gives them.
-
-    >>> mb(9_633_792), mb(67_108_864)
-    ('9.6 MB', '67 MB')
-    """
-    return f"{n / 1e6:.2g} MB" if n < 1e7 else f"{n / 1e6:.0f} MB"
-
-
-def plan_shm(datasets: dict[str, Any], settings: dict, batch_size: int, processes: int | None = None) -> dict[str, int]:
-    """Hold the loaders' need of /dev/shm (``{split: dataset}`` at ``{split: LoaderSettings}``, of this node's
-    ``processes`` training processes: default ``dist.processes_per_node()``) against what is free there: size
-    each batch pool (``pool_blocks``) to what fits beside it, down to none. Returns each loader's need
-    without a pool, in bytes.
-
-    Raises :class:`SharedMemoryFull` naming the loader that does not fit even without a pool.
-    """
-    sizes = {k: batch_bytes(d, batch_size) if settings[k].num_workers else 0 for k, d in datasets.items()}
-    needs = {k: shm_need(s, sizes[k]) for k, s in settings.items()}
-    for split, s in settings.items():  # a pool for the training loader: validation's workers end each time
-        s.pool_blocks = MOST_BLOCKS if s.batch_pool and s.num_workers and split == "train" else 0
-    if (space := shm_space()) is None:
-        return needs
-    processes = processes or dist.processes_per_node()
-    budget = space[1] // processes - MARGIN
-    for split, s in settings.items():
-        if s.num_workers and needs[split] > budget:
-            each = f" of each of this node's {processes} training processes" if processes > 1 else ""
-            raise SharedMemoryFull(
-                f"/dev/shm holds {mb(space[0])} ({mb(space[1])} free), and the {split} loader{each} needs "
-                f"{mb(needs[split])} of it: loader.num_workers={s.num_workers} x loader.prefetch_factor="
-                f"{s.prefetch_factor} batches in flight and {HELD} the training process holds, each "
-                f"{mb(sizes[split])} (loader.batch_size={batch_size}); {FIXES}"
-            )
-
-    def peak() -> int:  # one loader runs while the others' pools wait (those of ended workers: till a new one)
-        run = {
-            k: (s.num_workers * max(s.prefetch_factor, s.pool_blocks) + HELD) * sizes[k] for k, s in settings.items()
-        }
-        kept = {k: s.num_workers * s.pool_blocks * sizes[k] for k, s in settings.items()}  # mapped till the next epoch
-        return max(run[k] + sum(kept.values()) - kept[k] for k in settings)
-
-    for s in settings.values():
-        while s.pool_blocks and peak() > budget:
-            s.pool_blocks = s.pool_blocks - 1 if s.pool_blocks > 2 else 0
-        if s.batch_pool and s.num_workers and not s.pool_blocks:
-            log.info(
-                "/dev/shm (%s free) has no room for a batch pool beside the loaders: torch's own way", mb(space[1])
-            )
-    return needs
-
-
-def shm_need(settings, batch: int) -> int:
-    """The bytes of /dev/shm a loader at ``settings`` (LoaderSettings) holds at the most without a pool, its
-    batches ``batch`` bytes each: its workers' batches in flight, and those the training process holds."""
-    return (settings.num_workers * settings.prefetch_factor + HELD) * batch if settings.num_workers else 0
-
-
-def batch_bytes(dataset, batch_size: int) -> int:
-    """The shared memory of one batch: a few of the source's first samples read with its task and batched
-    (the random generators left as they were); 0 when unknown (not a :class:`Source`, or none reads)."""
-    if not isinstance(dataset, Source):
-        return 0
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    samples = []
-    try:
-        for data in dataset.peek(16):
-            with contextlib.suppress(Exception):  # a bad sample: the next one may do
-                samples.append({"input": dataset.transformed("", dataset.task, data), "target": 0, "key": ""})
-            if len(samples) == min(batch_size, 4):
-                break
-        batch = dataset.task.collate(samples) if samples else {}
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-    return sum(v.nbytes for v in batch.values() if torch.is_tensor(v)) * batch_size // max(1, len(samples))
