@@ -34,7 +34,6 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
