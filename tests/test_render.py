@@ -44,6 +44,7 @@ SOURCES: list[dict[str, Any]] = [
     {"data_source": "stream", "stream_backend": "sqlite"},
     {"data_source": "stream", "stream_backend": "http"},
     {"data_source": "shards"},
+    {"data_source": "parquet"},
 ]
 FORMATS = ["image", "tensor", "sequence"]
 # "GPU answers": a CPU-only single machine, and 2 nodes x 2 GPUs (renders the SLURM script).
@@ -65,6 +66,10 @@ FORMAT_FILES = [
 # code (task, model, synthetic data) is the same on every source; each format runs on the folder
 # source (map-style) and on one iterable source, and each iterable source's image project runs it all.
 FORMAT_SOURCES = {"tensor": {"folder", "sqlite"}, "sequence": {"folder", "shards"}}
+# What a Parquet project runs: its own reading of each format's column (a list of numbers, a string)
+# and the sources' contract, DDP in lockstep (its split by row group), and the CLI; the rest of the
+# iterable source (iterable.py) runs in the SQLite and shards projects.
+PARQUET_OWN = ["test_parquet.py", "test_sources.py", "test_bench.py::test_cli_sample_data_bench_train"]
 
 
 def _combinations() -> list:
@@ -263,15 +268,16 @@ def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> N
 
 
 # Names that only the code of one answer uses: (question, the answers that may use them, patterns);
-# "source" is the data source with the stream's backend in its place (folder, sqlite, http, shards).
+# "source" is the data source with the stream's backend in its place (folder, sqlite, http, shards, parquet).
 VARIANT_MARKERS = [
     ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
     ("stream_backend", {"http"}, [r"base64"]),
     ("source", {"http", "shards"}, [r"\bhttp"]),  # shards may be read from http(s) URLs
     ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json", r"boto3", r"moto"]),
-    ("data_source", {"stream", "shards"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
+    ("data_source", {"stream", "shards", "parquet"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
+    ("data_source", {"parquet"}, [r"parquet", r"pyarrow", r"row.group"]),
     ("data_source", {"folder"}, [r"FolderSource"]),
-    ("data_source", {"folder", "shards"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
+    ("data_source", {"folder", "shards", "parquet"}, [r"FolderIndex", r"scan_classes", r"class_name"]),
     ("data_format", {"image"}, [r"image_size", r"jpe?g", r"RandomResizedCrop", r"\bcv2\b"]),
     ("data_format", {"tensor"}, [r"(?<![a-z])\.npy", r"allow_pickle"]),  # not a cache's index.npy
     ("data_format", {"sequence"}, [r"max_len", r"\btokens?\b", r"utf-8 text"]),
@@ -281,6 +287,7 @@ EXPECTED_DATA_MODULES = {
     "sqlite": {"sqlite.py", "database.py", "iterable.py"},
     "http": {"http.py", "database.py", "serve.py", "iterable.py"},
     "shards": {"shards.py", "shard_reader.py", "s3.py", "folder_index.py", "iterable.py"},
+    "parquet": {"parquet.py", "folder_index.py", "iterable.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",
@@ -595,6 +602,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       resume tests do in one process for every source and format: it runs on the folder and
       SQLite image projects (the HTTP source resumes as SQLite's: iterable.py); the shards
       project's kill -9 is test_s3's, a SIGKILL mid-download resumed to the same samples and weights.
+    - The Parquet source reads through the iterable source too: its projects run what is their own
+      (PARQUET_OWN: each format's column, the sources' contract, the CLI; in the image project DDP
+      in lockstep and equal steps, its split by row group being its own).
     - The two streamed sources share the iterable source (iterable.py: epochs, resume, batches, bad
       rows) and everything above it: the SQLite project runs the whole suite over it; the HTTP
       project runs what is its own: test_http.py, the sources' contract (every sample once per
@@ -619,6 +629,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
             pytest.skip("the GPU answers' launcher and config depend on neither source nor format: run on folder/image")
         own = ["tests/test_launch.py", "tests/test_config.py", "tests/test_device_path.py"]  # and the device path
         selection = ["-m", "not slow or slurm", *own]
+    elif source == "parquet":
+        own = PARQUET_OWN + (["test_launch.py"] if project.answers["data_format"] == "image" else [])
+        selection += ["-k", "not kill_9_of_a_rank_restarts_the_group", *(f"tests/{name}" for name in own)]
     elif project.answers["data_format"] != "image":
         if source not in FORMAT_SOURCES[project.answers["data_format"]]:
             pytest.skip("a format runs on the folder source and on one that streams (FORMAT_SOURCES)")
