@@ -72,15 +72,15 @@ import results  # noqa: E402
 
 REPO = HERE.parent
 PACKAGE = "bench_project"
-SOURCES = ("folder", "shards", "stream")
+SOURCES = ("folder", "shards", "stream", "parquet")
 BEFORE = "folder-before"  # the projects' key of the folder project rendered from the baseline commit
 BASELINE = results.BASELINE  # the commit before the batch pool became opt-in and OpenCV took the decode
 GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "train", "epochs")
 # What prepare writes for each group's rows: rendered projects (by source; BEFORE: the baseline's) and data.
 NEEDS = {
-    "224": {"folder", BEFORE, "shards", "photos", "shards224", "cache224", "cache224-before"},
-    "limit": {"folder", BEFORE, "shards", "photos", "shards224", "cache224", "cache224-before"},
-    "64": {"folder", "shards", "stream", "small"},
+    "224": {"folder", BEFORE, "shards", "parquet", "photos", "shards224", "parquet224", "cache224", "cache224-before"},
+    "limit": {"folder", BEFORE, "shards", "parquet", "photos", "shards224", "parquet224", "cache224", "cache224-before"},
+    "64": {"folder", "shards", "stream", "parquet", "small"},
     "decode": {"folder", BEFORE, "large"},
     "quality": {"folder", "photos"},
     "handoff": {"folder"},
@@ -260,6 +260,7 @@ def prepare(work: Path, args: argparse.Namespace, groups: tuple[str, ...] = GROU
     sources = [s for s in SOURCES if s in need]
     projects = {s: render(work / f"project-{s}", s) for s in sources}
     data: dict = {"photos": work / "photos", "shards224": work / "www" / "shards224", "cache224": work / "cache224"}
+    data["parquet224"] = work / "parquet224"
     # the baseline's files under a folder of their own: no path of it starts with one of the current rows'
     data["cache224-before"] = work / "baseline" / "cache224"
     data["failed"] = failed = {}
@@ -280,6 +281,10 @@ def prepare(work: Path, args: argparse.Namespace, groups: tuple[str, ...] = GROU
     argv += ["--max-samples", str(max(1, -(-args.images // args.shards))), "data.image_size=224"]
     if "shards224" in need and (why := command(projects["shards"], argv, work)):
         failed[str(data["shards224"])] = f"`pack --to shards` fails: {why}"
+    argv = ["pack", "--to", "parquet", "--src", str(data["photos"]), "--out", str(data["parquet224"])]
+    argv += ["--rows-per-group", str(args.parquet_group_rows), "data.image_size=224"]
+    if "parquet224" in need and (why := command(projects["parquet"], argv, work)):
+        failed[str(data["parquet224"])] = f"`pack --to parquet` fails: {why}"
     for key, project in (("cache224", "folder"), ("cache224-before", BEFORE)):  # each project packs its own
         if key not in need or project not in projects:
             continue
@@ -320,6 +325,7 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
     pool = [*cache, "loader.batch_pool=true"]
     cache_before = [*folder, f"data.cache={data['cache224-before']}"]  # the baseline's pool: on, its default
     shards = [f"data.root={shards_root}", "data.image_size=224"]
+    parquet = [f"data.root={data['parquet224']}", "data.image_size=224"]
     remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
     bucket = [f"data.root={S3_ROOT}", f"data.s3_endpoint={s3[1]}", "data.image_size=224"]
     moto = {"extra_pids": [s3[0].pid] if s3[0] else [], "needs": shards_root}
@@ -368,6 +374,7 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
         ),
         plain("ImageFolder: torchcodec decode_image, v2 on tensors", "imagefolder", photo_root, 224, decoder="tensor"),
         plain("ImageFolder: PIL loader, v2 on PIL", "imagefolder", photo_root, 224, decoder="pil"),
+        loader("parquet, local (rendered)", "224", "parquet", parquet),
         plain("plain webdataset.WebDataset (torchcodec decode_image)", "webdataset", shards_root, 224),
         limit("folder limit", "folder", folder),
         limit("folder limit (before)", BEFORE, folder),
@@ -376,9 +383,11 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
         limit(results.TOGETHER, "folder", cache, processes=cores),
         limit("cache limit, torchvision's crop (before)", "folder", cache, torchvision_crop=True),
         limit("shards limit", "shards", shards),
+        limit("parquet limit", "parquet", parquet),
         loader("folder (rendered)", "64", "folder", small("folder")),
         loader("stream/sqlite (rendered)", "64", "stream", small("stream")),
         loader("shards (rendered)", "64", "shards", small("shards")),
+        loader("parquet (rendered)", "64", "parquet", small("parquet")),
         plain("plain webdataset.WebDataset (torchcodec decode_image)", "webdataset", str(data["small_shards"]), 64),
         decode(results.FULL_DECODE, "full"),
         decode(results.TASK_DECODE, "task"),
@@ -491,6 +500,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="num_workers of every loader")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--shards", type=int, default=16, help="train shards the photos are packed into")
+    p.add_argument("--parquet-group-rows", type=int, default=100, help="rows a Parquet row group (the Hub's for images)")
     p.add_argument("--small-per-class", type=int, default=500, help="64 px sample-data per class (4 classes)")
     p.add_argument("--large", type=int, default=6, help="3000 x 2250 JPEGs for the decode rows")
     p.add_argument("--quality-photos", type=int, default=100, help="photos the crop's quality is measured on")

@@ -95,7 +95,8 @@ def markdown(result: dict) -> str:
             "",
             "## 64 px crops of each project's `sample-data` (64 px images, half JPEG, half PNG)",
             "",
-            f"{s['small_per_class'] * 4} train images, the same bytes in every source (files, 8 shards, SQLite rows).",
+            f"{s['small_per_class'] * 4} train images, the same bytes in every source (files, 8 shards, SQLite rows, "
+            "Parquet rows in 8 row groups).",
             "",
         ]
         lines = [[r["name"], *_speed_cells(r), _x(r.get("x_folder")), _n(r["median_cpu"])] for r in group["64"]]
@@ -136,7 +137,8 @@ def _224_sections(result: dict, group: dict) -> list[str]:
     if group["224"]:
         text += [
             f"{s['images']} train photos, quality 90 ({s['photo_mb']:.0f} MB with val; `benchmarks/photos.py`), in "
-            f"class folders, packed into {s['shards']} shards (`pack --to shards`) and into the cache (`pack --to "
+            f"class folders, packed into {s['shards']} shards (`pack --to shards`), into Parquet (`pack --to parquet`: "
+            f"the Hub's layout, row groups of {s.get('parquet_group_rows', 100)} photos) and into the cache (`pack --to "
             f"cache`: decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two rows in each "
             "round. The rendered cache loader runs with its batch pool off (the default: `loader.batch_pool` is on "
             "only where `bench` measured it faster) and on (`loader.batch_pool=true`, data/batch_pool.py).",

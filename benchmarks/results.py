@@ -67,6 +67,7 @@ def limits(ref: str | None) -> dict[str, str]:
         "cache, torchvision's crop (before)": "cache limit, torchvision's crop (before)",
         "shards, local (rendered)": "shards limit",
         "shards, loopback HTTP (rendered)": "shards limit",
+        "parquet, local (rendered)": "parquet limit",
     }
     if ref:
         out |= {before("folder", ref): "folder limit (before)", before("cache", ref): "cache limit (before)"}
