@@ -77,9 +77,11 @@ BEFORE = "folder-before"  # the projects' key of the folder project rendered fro
 BASELINE = results.BASELINE  # the commit before the batch pool became opt-in and OpenCV took the decode
 GROUPS = ("224", "limit", "64", "decode", "quality", "handoff", "train", "epochs")
 # What prepare writes for each group's rows: rendered projects (by source; BEFORE: the baseline's) and data.
+LOADERS_224 = {"folder", BEFORE, "shards", "parquet", "photos", "shards224", "parquet224", "cache224"}
+LOADERS_224 |= {"cache224-before"}
 NEEDS = {
-    "224": {"folder", BEFORE, "shards", "parquet", "photos", "shards224", "parquet224", "cache224", "cache224-before"},
-    "limit": {"folder", BEFORE, "shards", "parquet", "photos", "shards224", "parquet224", "cache224", "cache224-before"},
+    "224": LOADERS_224,
+    "limit": LOADERS_224,
     "64": {"folder", "shards", "stream", "parquet", "small"},
     "decode": {"folder", BEFORE, "large"},
     "quality": {"folder", "photos"},
@@ -500,7 +502,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="num_workers of every loader")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--shards", type=int, default=16, help="train shards the photos are packed into")
-    p.add_argument("--parquet-group-rows", type=int, default=100, help="rows a Parquet row group (the Hub's for images)")
+    p.add_argument("--parquet-group-rows", type=int, default=100, help="rows a Parquet row group (the Hub's, images)")
     p.add_argument("--small-per-class", type=int, default=500, help="64 px sample-data per class (4 classes)")
     p.add_argument("--large", type=int, default=6, help="3000 x 2250 JPEGs for the decode rows")
     p.add_argument("--quality-photos", type=int, default=100, help="photos the crop's quality is measured on")

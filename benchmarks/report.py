@@ -138,10 +138,11 @@ def _224_sections(result: dict, group: dict) -> list[str]:
         text += [
             f"{s['images']} train photos, quality 90 ({s['photo_mb']:.0f} MB with val; `benchmarks/photos.py`), in "
             f"class folders, packed into {s['shards']} shards (`pack --to shards`), into Parquet (`pack --to parquet`: "
-            f"the Hub's layout, row groups of {s.get('parquet_group_rows', 100)} photos) and into the cache (`pack --to "
-            f"cache`: decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two rows in each "
-            "round. The rendered cache loader runs with its batch pool off (the default: `loader.batch_pool` is on "
-            "only where `bench` measured it faster) and on (`loader.batch_pool=true`, data/batch_pool.py).",
+            f"the Hub's layout, row groups of {s.get('parquet_group_rows', 100)} photos) and into the cache "
+            f"(`pack --to cache`: decoded, shorter side 256{cache}). The tuned ImageFolder is the faster of its two "
+            "rows in each round. The rendered cache loader runs with its batch pool off (the default: "
+            "`loader.batch_pool` is on only where `bench` measured it faster) and on (`loader.batch_pool=true`, "
+            "data/batch_pool.py).",
             "",
         ]
         header = ["loader", "samples/s", "range", "x folder", "x before", "x tuned ImageFolder", "of its limit"]
