@@ -273,7 +273,8 @@ VARIANT_MARKERS = [
     ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
     ("stream_backend", {"http"}, [r"base64"]),
     ("source", {"http", "shards"}, [r"\bhttp"]),  # shards may be read from http(s) URLs
-    ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json", r"boto3", r"moto"]),
+    ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json"]),
+    ("data_source", {"shards", "parquet"}, [r"boto3", r"moto", r"s3\.py"]),
     ("data_source", {"stream", "shards", "parquet"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
     ("data_source", {"parquet"}, [r"parquet", r"pyarrow", r"row.group"]),
     ("data_source", {"folder"}, [r"FolderSource"]),
@@ -287,7 +288,7 @@ EXPECTED_DATA_MODULES = {
     "sqlite": {"sqlite.py", "database.py", "iterable.py"},
     "http": {"http.py", "database.py", "serve.py", "iterable.py"},
     "shards": {"shards.py", "shard_reader.py", "s3.py", "folder_index.py", "iterable.py"},
-    "parquet": {"parquet.py", "folder_index.py", "iterable.py"},
+    "parquet": {"parquet.py", "s3.py", "folder_index.py", "iterable.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",
@@ -604,7 +605,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       project's kill -9 is test_s3's, a SIGKILL mid-download resumed to the same samples and weights.
     - The Parquet source reads through the iterable source too: its projects run what is their own
       (PARQUET_OWN: each format's column, the sources' contract, the CLI; in the image project DDP
-      in lockstep and equal steps, its split by row group being its own).
+      in lockstep and equal steps, its split by row group being its own, and the files from a
+      bucket, test_parquet_s3.py, whose reads do not depend on the format).
     - The two streamed sources share the iterable source (iterable.py: epochs, resume, batches, bad
       rows) and everything above it: the SQLite project runs the whole suite over it; the HTTP
       project runs what is its own: test_http.py, the sources' contract (every sample once per
@@ -630,7 +632,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         own = ["tests/test_launch.py", "tests/test_config.py", "tests/test_device_path.py"]  # and the device path
         selection = ["-m", "not slow or slurm", *own]
     elif source == "parquet":
-        own = PARQUET_OWN + (["test_launch.py"] if project.answers["data_format"] == "image" else [])
+        image_only = ["test_launch.py", "test_parquet_s3.py"]
+        own = PARQUET_OWN + (image_only if project.answers["data_format"] == "image" else [])
         selection += ["-k", "not kill_9_of_a_rank_restarts_the_group", *(f"tests/{name}" for name in own)]
     elif project.answers["data_format"] != "image":
         if source not in FORMAT_SOURCES[project.answers["data_format"]]:
