@@ -87,10 +87,11 @@ NEEDS = {
     "quality": {"folder", "photos"},
     "handoff": {"folder"},
     "train": {"folder", BEFORE, "photos", "cache224", "cache224-before"},
-    "epochs": {"shards", "photos", "shards224"},
+    "epochs": {"shards", "parquet", "photos", "shards224", "parquet224"},
 }
 BUCKET = "bench"
 S3_ROOT = f"s3://{BUCKET}/shards224"  # the 224 px shards (data["shards224"]) uploaded to moto's server
+S3_PARQUET = f"s3://{BUCKET}/parquet224"  # and the 224 px Parquet files (data["parquet224"])
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -195,9 +196,10 @@ def serve(directory: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit(f"the loopback HTTP server on port {port} did not answer")
 
 
-def start_s3(shards: Path) -> tuple[subprocess.Popen, str]:
+def start_s3(trees: dict[str, Path]) -> tuple[subprocess.Popen, str]:
     """moto's S3 server on loopback, in a process group of its own, with bucket ``bench`` holding every file
-    under ``shards`` (train/, val/, their ``_index.json``) at ``S3_ROOT``; returns it and its URL once it answers."""
+    under each of ``trees`` at its URL (``S3_ROOT``: the shards, train/, val/ and their ``_index.json``;
+    ``S3_PARQUET``: the Parquet files); returns it and its URL once it answers."""
     import boto3
 
     port = free_port()
@@ -227,12 +229,13 @@ def start_s3(shards: Path) -> tuple[subprocess.Popen, str]:
             "s3", endpoint_url=url, **keys
         )
         client.create_bucket(Bucket=BUCKET)
-        prefix = S3_ROOT.removeprefix(f"s3://{BUCKET}/")
-        files = sorted(f for f in shards.rglob("*") if f.is_file())
-        for f in files:
-            client.upload_file(str(f), BUCKET, f"{prefix}/{f.relative_to(shards).as_posix()}")
-        if not any(f.name == "_index.json" for f in files):
-            raise RuntimeError(f"no _index.json under {shards}")
+        for root, tree in trees.items():
+            prefix = root.removeprefix(f"s3://{BUCKET}/")
+            files = sorted(f for f in tree.rglob("*") if f.is_file())
+            for f in files:
+                client.upload_file(str(f), BUCKET, f"{prefix}/{f.relative_to(tree).as_posix()}")
+            if not files:
+                raise RuntimeError(f"nothing under {tree}")
     except BaseException:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -331,6 +334,8 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
     remote = [f"data.root=http://127.0.0.1:{server[1]}/shards224", "data.image_size=224"]
     bucket = [f"data.root={S3_ROOT}", f"data.s3_endpoint={s3[1]}", "data.image_size=224"]
     moto = {"extra_pids": [s3[0].pid] if s3[0] else [], "needs": shards_root}
+    parquet_bucket = [f"data.root={S3_PARQUET}", f"data.s3_endpoint={s3[1]}", "data.image_size=224"]
+    parquet_moto = {**moto, "needs": str(data["parquet224"])}
     ref = args.baseline
 
     def before(what: str) -> str:
@@ -427,6 +432,21 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
             "epochs",
             {"kind": "epochs", "overrides": [*bucket, "data.cache_limit=0"], **common, **moto},
             "shards",
+            env=S3_ENV,
+        ),
+        Row("parquet, local (rendered)", "epochs", {"kind": "epochs", "overrides": parquet, **common}, "parquet"),
+        Row(
+            "parquet, S3 on loopback (rendered: whole files into the cache)",
+            "epochs",
+            {"kind": "epochs", "overrides": parquet_bucket, **common, **parquet_moto},
+            "parquet",
+            env=S3_ENV,
+        ),
+        Row(
+            "parquet, S3 on loopback, ranged reads (data.cache_limit=0)",
+            "epochs",
+            {"kind": "epochs", "overrides": [*parquet_bucket, "data.cache_limit=0"], **common, **parquet_moto},
+            "parquet",
             env=S3_ENV,
         ),
     ]
@@ -541,13 +561,15 @@ def main() -> None:
         projects, data = prepare(work, args, groups)
         if "224" in groups:
             server = serve(work / "www")
-        if "epochs" in groups and str(data["shards224"]) not in data["failed"]:
+        if "epochs" in groups and {str(data["shards224"]), str(data["parquet224"])} - set(data["failed"]):
             t0 = time.perf_counter()
             try:
-                s3 = start_s3(data["shards224"])
-                print(f"moto's S3 server at {s3[1]} holds the shards ({time.perf_counter() - t0:.0f} s)", flush=True)
+                trees = {S3_ROOT: data["shards224"], S3_PARQUET: data["parquet224"]}
+                s3 = start_s3({url: tree for url, tree in trees.items() if str(tree) not in data["failed"]})
+                print(f"moto's S3 server at {s3[1]} holds the data ({time.perf_counter() - t0:.0f} s)", flush=True)
             except Exception as e:  # its rows are pending, the others run
-                data["failed"][S3_ROOT] = f"moto's S3 server: {type(e).__name__}: {e}"[:400]
+                for url in (S3_ROOT, S3_PARQUET):
+                    data["failed"][url] = f"moto's S3 server: {type(e).__name__}: {e}"[:400]
         rows = [r for r in build_rows(data, args, server, s3) if r.group in groups]
         measure(rows, projects, work, args.rounds)
     finally:

@@ -171,29 +171,33 @@ def _224_sections(result: dict, group: dict) -> list[str]:
 
 
 def _epochs_section(rows: list[dict], s: dict, cores: int) -> list[str]:
-    """Two whole epochs of the 224 px shards: local, and from moto's S3 server with and without the cache."""
+    """Two whole epochs of the 224 px shards and Parquet files: local, and from moto's S3 server with and
+    without the node's cache."""
     photo = f" ({s['photo_mb']:.0f} MB of photos with val)" if s.get("photo_mb") else ""
     text = [
         "",
-        "## Two epochs of 224 px shards: local, and from S3 on loopback",
+        "## Two epochs of 224 px shards and Parquet files: local, and from S3 on loopback",
         "",
-        f"The {s['images']} train photos{photo}, packed into {s['shards']} shards (`pack --to shards`), read by the "
-        "rendered shards loader from local disk, and from moto's S3 server (`python -m moto.server`, a real HTTP "
+        f"The {s['images']} train photos{photo}, packed into {s['shards']} shards (`pack --to shards`) and into "
+        f"Parquet files of {s.get('parquet_group_rows', 100)} rows a row group (`pack --to parquet`), read by the "
+        "rendered loaders from local disk, and from moto's S3 server (`python -m moto.server`, a real HTTP "
         f"S3 API) on loopback, on the same {cores} cores as the loader: an S3 row measures the client's path and "
-        "the shard cache, not a network. Each run is a process of its own and starts with an empty "
+        "the node's cache, not a network. Each run is a process of its own and starts with an empty "
         "`data.cache_dir`; with the cache (`data.cache_limit` at its default, 50GB) the first epoch downloads "
-        "each shard (the next `data.prefetch_shards`, 2, fetched while one is read) and the second reads them "
-        "from local disk; with `data.cache_limit=0` both epochs stream every shard. Each epoch is timed in full, "
+        "each shard or file whole (the next `data.prefetch_shards`, 2, or the next file, fetched while one is "
+        "read) and the second reads them from local disk; with `data.cache_limit=0` both epochs stream every "
+        "shard, and read each Parquet row group's two columns in ranged GETs. Each epoch is timed in full, "
         "from its first batch request to its last batch: the first epoch includes the start of the persistent "
         "workers in every row alike (the second table gives the first batch's seconds, and the images/s after "
-        "it). Setting up the dataset (an S3 listing, the index, and the first shard, read through the cache to "
-        "prepare the task) is not timed. Medians of "
+        "it). Setting up the dataset (an S3 listing, the index or the footers, and the first shard or file, read "
+        "through the cache to prepare the task) is not timed. Medians of "
         f"{s['rounds']} rounds; a ratio is the median of its ratios within each run (epoch 2 / epoch 1) or "
-        "round (x local shards); CPU cores counts the run's processes and, for S3, moto's server.",
+        "round (x local: the same source's local files); CPU cores counts the run's processes and, for S3, "
+        "moto's server.",
         "",
     ]
     header = ["row", "epoch 1 images/s", "epoch 2 images/s", "epoch 2 / epoch 1"]
-    header += ["x local shards, epoch 1", "x local shards, epoch 2"]
+    header += ["x local, epoch 1", "x local, epoch 2"]
     lines = []
     for r in rows:
         if r["pending"] or not r.get("epoch_median"):

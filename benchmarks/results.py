@@ -7,8 +7,8 @@ rounds cancels. A run of some groups only (``loaders.py --only``) gets the figur
 the goals need the rows of every group they name.
 
 The ``epochs`` rows (probe.py's ``epochs``: two whole epochs a run) also get each epoch's images/s
-per round and their medians, the second epoch against the first, and each epoch against local
-shards (``EPOCHS_LOCAL``) within each round.
+per round and their medians, the second epoch against the first, and each epoch against the same
+source's local files (``EPOCHS_LOCAL``) within each round.
 
 A row rendered from the baseline commit (``loaders.py --baseline REF``) is named ``before(what, REF)``;
 the rendered rows it is the "before" of (``befores``) get ``x_before``, their ratio to it in each round.
@@ -43,7 +43,7 @@ TRAIN_CACHE_POOL = "train, cache (rendered, pool on)"
 TOGETHER = "cache limit, a process per core at once"
 IMAGEFOLDER = "ImageFolder"  # rows whose name starts so are the tuned-baseline candidates
 FLAT_MB = 16  # a worker's anonymous memory growing less than this over an epoch is "flat"
-EPOCHS_LOCAL = "shards, local (rendered)"  # the epochs row the others are compared with, epoch by epoch
+EPOCHS_LOCAL = "{source}, local (rendered)"  # the epochs row a source's others are compared with, epoch by epoch
 TRAIN_FLOOR = 0.95  # train (CPU) no slower: rendered / before at least this
 # The rows the goals are measured on: without one of them (a run of some groups), no goals. The goals on
 # the baseline's rows or the train rows are pending without them.
@@ -248,11 +248,11 @@ def _train(rows: list[dict], rounds: int) -> None:
 def _epochs(rows: list[dict], rounds: int) -> None:
     """Add to each ``epochs`` row its images/s by epoch in each round (``epoch_speeds``), their medians
     (``epoch_median``) and ranges, the median of epoch 2 / epoch 1 within each run (``epoch_ratio``) and of each
-    epoch against local shards' in the same round (``x_local_epochs``), and medians of the first batch's
+    epoch against the same source's local files in the same round (``x_local_epochs``), and medians of the first batch's
     seconds, the images/s after it, the CPU the run's processes used (cores), the shard cache's MB at each
     epoch's end, each epoch's seconds and images."""
     mine = [r for r in rows if r["group"] == "epochs"]
-    local = next((r for r in mine if r["name"] == EPOCHS_LOCAL), None)
+    locals_ = {r["name"]: r for r in mine}
 
     def per_round(row: dict, key: str) -> list:
         return [r.get(key) if r else None for r in row["runs"] + [None] * (rounds - len(row["runs"]))]
@@ -272,6 +272,7 @@ def _epochs(rows: list[dict], rounds: int) -> None:
             [min(seen), max(seen)] if (seen := [v for v in column(speeds, e) if v]) else None for e in range(n)
         ]
         row["epoch_ratio"] = _ratio(column(speeds, 1), column(speeds, 0)) if n > 1 else None
+        local = locals_.get(EPOCHS_LOCAL.format(source=row["name"].split(",")[0]))  # the same source's local files
         theirs = per_round(local, "epoch_samples_per_s") if local else None
         row["x_local_epochs"] = [_ratio(column(speeds, e), column(theirs, e)) for e in range(n)] if local else None
         medians = ("epoch_first_batch_s", "epoch_after_first_samples_per_s", "epoch_own_cores", "epoch_cache_mb")
