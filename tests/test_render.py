@@ -272,7 +272,7 @@ def test_project_module_holds_only_what_runs_at_run_time(project: Rendered) -> N
 VARIANT_MARKERS = [
     ("data_source", {"stream"}, [r"sqlite", r"samples_per_epoch", r"database"]),
     ("stream_backend", {"http"}, [r"base64"]),
-    ("source", {"http", "shards"}, [r"\bhttp"]),  # shards may be read from http(s) URLs
+    ("source", {"http", "shards", "parquet"}, [r"\bhttp"]),  # shards may be read from http(s) URLs; S3 endpoints
     ("data_source", {"shards"}, [r"shard", r"webdataset", r"\.tar\b", r"_index\.json"]),
     ("data_source", {"shards", "parquet"}, [r"boto3", r"moto", r"s3\.py"]),
     ("data_source", {"stream", "shards", "parquet"}, [r"IterableSource", r"shuffle_buffer", r"block_sizes"]),
