@@ -13,7 +13,6 @@ import datetime
 import functools
 import logging
 import os
-import pickle
 import time
 from collections.abc import Iterable, Iterator
 
@@ -244,47 +243,6 @@ def broadcast_from_main(obj):
     box = [obj]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-_LISTED: dict = {}  # (root, split) -> rank 0's listing, in a process of a process group (one run)
-
-
-def listed_by_main(what: tuple[str, str], list_split):
-    """``list_split()`` of ``what`` (root, split) in one process; in a process group, rank 0's, listed
-    once for the run and handed to every rank (:func:`share_from_main`)."""
-    if not is_distributed():
-        return list_split()
-    if what not in _LISTED:
-        _LISTED[what] = share_from_main("listed/" + "/".join(what), list_split)
-    return _LISTED[what]
-
-
-def share_from_main(key: str, make):
-    """Rank 0's ``make()`` on every rank, handed over through the job's store (``make()`` alone in one process).
-
-    Not a collective: rank 0 never waits, so a call only rank 0 makes (bench's, on rank 0 alone)
-    cannot pair with another rank's collective; the others wait for rank 0's answer under ``key``
-    (at most ``dist.timeout_s``). What ``make()`` raises on rank 0 is raised on every rank.
-    """
-    shared = store()
-    if not is_distributed() or shared is None:
-        return make()
-    key = f"shared/{key}"
-    if is_main_process():
-        try:
-            value = make()
-        except (UserError, Stalled) as e:
-            shared.set(key, pickle.dumps(e))
-            raise
-        except Exception as e:  # a bug: rank 0 shows its traceback, the others stop with its name
-            shared.set(key, pickle.dumps(RuntimeError(f"rank 0 failed ({key}): {e!r}")))
-            raise
-        shared.set(key, pickle.dumps(value))
-        return value
-    value = pickle.loads(shared.get(key))  # noqa: S301 (rank 0's own answer, through the job's store)
-    if isinstance(value, BaseException):
-        raise value
-    return value
 
 
 def store():
