@@ -280,6 +280,7 @@ def save(
             every = [r["sums"] for r in ranks]
             partial = {k: sum(r[k] for r in every) for k in ("loss", "samples", "wait_s")}
             partial["seconds"] = max(r["seconds"] for r in every)  # the ranks ran side by side
+            partial["wait_by_rank"] = [r["wait_s"] for r in every]  # each rank's own, to go on from
         state = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -107,7 +107,8 @@ class JsonLines:
 
 
 class TensorBoard:
-    """Per-step scalars as ``train/<name>``, each epoch's metrics as ``epoch/<name>``, against the step."""
+    """Per-step scalars as ``train/<name>``, each epoch's metrics as ``epoch/<name>`` (a list of one number
+    per rank as ``epoch/<name>/<rank>``), against the step."""
 
     def __init__(self, folder: Path, resumed_at: int | None):
         try:
@@ -128,12 +129,20 @@ class TensorBoard:
 
     def log_epoch(self, epoch: int, step: int, metrics: dict) -> None:
         for name, value in metrics.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            if isinstance(value, list):  # one number per rank: epoch/<name>/<rank>
+                for rank, each in enumerate(value):
+                    if _number(each):
+                        self.writer.add_scalar(f"epoch/{name}/{rank}", each, step)
+            elif _number(value):
                 self.writer.add_scalar(f"epoch/{name}", value, step)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _epoch_of(line: str) -> int | None:

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 NO_LOGGERS = Loggers([])
 DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
 DATA_WAIT_MIN_S = 2.0  # ... and longer than this in all (a tiny epoch's first batches say nothing)
+RANK_WAIT_RATIO = 3.0  # warn (once a run) when a rank waits for data this many times the others' median, or more
 
 
 def main(cfg) -> list[dict]:
@@ -108,7 +109,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
     """The epochs from ``progress`` on: train, evaluate, checkpoint, log; returns each epoch's metrics."""
     compute, budget, loggers, stop, checkpoint = run.compute, run.budget, run.loggers, run.stop, run.checkpoint
     device = compute.device
-    history, warned_wait = [], False
+    history, warned_wait, warned_rank = [], False, False
     for epoch in range(progress.epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
@@ -134,9 +135,25 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "samples_per_s": round(train_stats["samples_per_s"], 1),
             "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
             "data_wait_frac": round(wait_frac, 3),
+            "data_wait_s_by_rank": [round(w, 3) for w in train_stats["data_wait_by_rank"]],
+            **slowest_rank(train_stats["data_wait_by_rank"], train_stats["seconds"]),
             "world_size": dist.get_world_size(),
         }
         history.append(metrics)
+        lagging = lagging_rank(train_stats["data_wait_by_rank"])
+        if lagging and not warned_rank and dist.is_main_process():
+            warned_rank = True
+            log.warning(
+                "rank %d waited %.1f s for data in epoch %d, %.1fx the other ranks' median (%.1f s), and every "
+                "rank steps at its pace: its loader is slower than theirs. Likely causes: less data to read in "
+                "parallel there (fewer shards, files or row groups than workers), a slower disk or mount on its "
+                "node, fewer CPUs for its workers, or other jobs on that node",
+                lagging[0],
+                lagging[1],
+                epoch,
+                lagging[1] / max(lagging[2], 1e-9),
+                lagging[2],
+            )
         slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
         if slow and not warned_wait and dist.is_main_process():
             warned_wait = True
@@ -235,6 +252,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     cfg, model, compute, device = run.cfg, run.model, run.compute, run.compute.device
     model.train()
     carried = (progress.partial if dist.is_main_process() else None) or {}  # summed over ranks: rank 0 adds it
+    own_wait = own_carried_wait(progress.partial)
     start = time.perf_counter() - carried.get("seconds", 0.0)
     loss_sum = torch.full((), carried.get("loss", 0.0), dtype=torch.float64, device=device)
     samples, last = carried.get("samples", 0), None
@@ -255,7 +273,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         leave=False,
     )
     guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir) / CHECKPOINT)
-    wait = DataWait(carried.get("wait_s", 0.0))
+    wait = DataWait(carried.get("wait_s", 0.0) if own_wait is None else own_wait)
     for batch in even_batches(wait.timed(loader), todo):
         if batch is not None:
             batch = run.task.on_device(batch, device)  # what the format finishes there: a bad sample joins batch["bad"]
@@ -289,12 +307,14 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
             break
     bar.close()
     guard.check(model)
-    host = torch.tensor([float(samples), wait.seconds], dtype=torch.float64, device=device)
-    totals = dist.all_reduce_sum(torch.cat([loss_sum.reshape(1), host]))
-    loss_total, samples_total, wait_total = totals.tolist()
+    waits = [0.0] * dist.get_world_size()
+    waits[dist.get_rank()] = wait.seconds  # summed over ranks: each rank's wait in its own place
+    host = torch.tensor([float(samples), *waits], dtype=torch.float64, device=device)
+    totals = dist.all_reduce_sum(torch.cat([loss_sum.reshape(1), host])).tolist()
+    loss_total, samples_total, waits = totals[0], totals[1], totals[2:]
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
-    data_wait = wait_total / dist.get_world_size()  # the ranks' mean
+    data_wait = sum(waits) / dist.get_world_size()  # the ranks' mean
     # the rate after the first batch, which waits for the workers to start: a smoke run's few batches too
     # the rate of this process's part of the epoch after its first batch, which waits for the workers to
     # start (a smoke run's few batches too; an epoch resumed midway: its part after the resume)
@@ -305,8 +325,42 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         "samples": int(samples_total),
         "seconds": seconds,
         "data_wait_s": data_wait,
+        "data_wait_by_rank": waits,
         "samples_per_s": rate,
     }
+
+
+def own_carried_wait(partial: dict | None) -> float | None:
+    """This rank's data wait in its epoch before a resume, where the checkpoint kept each rank's with
+    as many ranks as now (``None``: rank 0 carries the ranks' sum, as before)."""
+    by_rank = (partial or {}).get("wait_by_rank")
+    if not by_rank or len(by_rank) != dist.get_world_size():
+        return None
+    return by_rank[dist.get_rank()]
+
+
+def slowest_rank(waits: list[float], seconds: float) -> dict:
+    """Which rank waited longest for data in an epoch, and for what share of the epoch's seconds."""
+    rank = max(range(len(waits)), key=waits.__getitem__)
+    return {"slowest_rank": rank, "slowest_rank_wait_frac": round(waits[rank] / max(seconds, 1e-9), 3)}
+
+
+def lagging_rank(waits: list[float]) -> tuple[int, float, float] | None:
+    """``(rank, its wait, the other ranks' median)`` when one rank waited for data at least
+    ``RANK_WAIT_RATIO`` times the others' median and ``DATA_WAIT_MIN_S`` longer; else ``None``.
+
+    >>> lagging_rank([1.0, 9.0, 1.2, 0.8])
+    (1, 9.0, 1.0)
+    >>> lagging_rank([1.0, 2.5]) is None
+    True
+    """
+    if len(waits) < 2:
+        return None
+    rank = max(range(len(waits)), key=waits.__getitem__)
+    others = float(np.median([w for r, w in enumerate(waits) if r != rank]))
+    if waits[rank] >= RANK_WAIT_RATIO * others and waits[rank] - others >= DATA_WAIT_MIN_S:
+        return rank, waits[rank], others
+    return None
 
 
 class DataWait:
