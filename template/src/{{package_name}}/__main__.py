@@ -111,7 +111,12 @@ def run(args: argparse.Namespace) -> int | None:
         from .bench import bench_command
         from .report import summary, table
 
-        report = bench_command(cfg, quick=args.quick, budget_s=args.budget_s, time_paths=args.paths)
+        # under `launch -- bench` the ranks meet to compare what each measured (bench.py: ranks)
+        dist.setup(cfg.dist.backend, cfg.dist.timeout_s, dist.pick_device(project.NUM_GPUS))
+        try:
+            report = bench_command(cfg, quick=args.quick, budget_s=args.budget_s, time_paths=args.paths)
+        finally:
+            dist.teardown()
         if dist.is_main_process():
             print(table(report))
             print(summary(report))

@@ -35,6 +35,7 @@ import dataclasses
 import gc
 import logging
 import math
+import socket
 import statistics
 import sys
 import time
@@ -368,16 +369,24 @@ def bench_command(
         paths = timed(cfg, dist.pick_device(project.NUM_GPUS), build_model, batches or 30)
     elif time_paths:
         log.warning("bench --paths: %s", "--quick times no paths" if quick else "the format has one place to crop")
-    return run_bench(cfg, dataset, quick=quick, budget_s=budget_s, batches=batches, paths=paths)
+    every_rank = dist.is_distributed()  # `launch -- bench`: each rank runs it, and they compare (ranks)
+    return run_bench(cfg, dataset, quick=quick, budget_s=budget_s, batches=batches, paths=paths, ranks=every_rank)
 
 
 def run_bench(
-    cfg, dataset, quick: bool = False, budget_s: float = 60.0, batches: int | None = None, paths: dict | None = None
+    cfg,
+    dataset,
+    quick: bool = False,
+    budget_s: float = 60.0,
+    batches: int | None = None,
+    paths: dict | None = None,
+    ranks: bool = False,
 ) -> dict:
     """Sweep, choose, (unless quick) measure the stall and run the checks; write the tuned file and reports.
 
     ``dataset`` is the train split; the stall's model step computes its task's loss. ``paths``: the places
-    a sample can be cropped and decoded, timed (:func:`bench_command`), for the report.
+    a sample can be cropped and decoded, timed (:func:`bench_command`), for the report. ``ranks``: every
+    rank of the process group runs this, and their figures are compared (:func:`compare_ranks`).
     """
     batches = batches or (6 if quick else 30)
     base = loader_settings(cfg, {"train": dataset}, plan=False)["train"]  # the default rule's; pin_memory's default
@@ -438,11 +447,39 @@ def run_bench(
         report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
         report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
-    if dist.get_rank() == 0:  # under `launch -- bench` every rank measures (they share the node); one writes
+    if ranks:  # under `launch -- bench` every rank measures (they share the node); one writes
+        report["ranks"] = compare_ranks(report)
+    if dist.get_rank() == 0:
         if cfg.loader.tuned:
             write_tuned(cfg.loader.tuned, report["fingerprint"], tuned, figures)
         write_reports(Path(cfg.train.run_dir) / "bench", report)
     return report
+
+
+RANK_RATE_RATIO = 3.0  # a rank whose loader delivers a third of the others' median, or less, is named
+
+
+def compare_ranks(report: dict) -> dict:
+    """What every rank measured at its chosen setting (a collective: every rank calls it), the slowest
+    rank, and a line naming it where its loader delivers ``1 / RANK_RATE_RATIO`` of the others' median
+    or less: every rank trains at the pace of the slowest."""
+    chosen = report["chosen_point"]
+    mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "samples_per_s": chosen["samples_per_s"]}
+    mine |= {"num_workers": chosen["num_workers"], "waiting_fraction": report.get("stall", {}).get("waiting_fraction")}
+    every = dist.all_gather_object(mine)
+    slowest = min(every, key=lambda r: r["samples_per_s"])
+    others = statistics.median(r["samples_per_s"] for r in every if r is not slowest)
+    out = {"by_rank": every, "slowest_rank": slowest["rank"]}
+    if slowest["samples_per_s"] * RANK_RATE_RATIO <= others:
+        out["warning"] = (
+            f"rank {slowest['rank']} ({slowest['host']}) loads {slowest['samples_per_s']:.0f} samples/s, "
+            f"{others / max(slowest['samples_per_s'], 1e-9):.1f}x less than the other ranks' median ({others:.0f}), "
+            "and every rank trains at its pace: its loader is slower than theirs. Likely causes: less data to read "
+            "in parallel there (fewer shards, files or row groups than workers), a slower disk or mount on its "
+            "node, fewer CPUs for its workers, or other jobs on that node"
+        )
+        log.warning("%s", out["warning"])
+    return out
 
 
 def quick_bench(cfg, dataset) -> dict:

@@ -68,6 +68,11 @@ def summary(report: dict) -> str:
             f"delivers {c['worker_samples_per_s']:.0f}: {c['verdict']}"
         )
     lines += report.get("paths", {}).get("lines", [])  # an image project's paths, timed on a GPU
+    if "ranks" in report:  # under `launch -- bench`: what each rank's loader delivered
+        r = report["ranks"]
+        rates = ", ".join(f"rank {x['rank']} {x['samples_per_s']:.0f}" for x in r["by_rank"])
+        lines.append(f"ranks (samples/s at each rank's chosen setting): {rates}; slowest: rank {r['slowest_rank']}")
+        lines += [r["warning"]] if "warning" in r else []
     for check in report.get("checks", []):
         line = f"{check['status']:4}  {check['name']}: {check['value']}"
         lines.append(line + (f"\n      {check['advice']}" if check["advice"] else ""))
