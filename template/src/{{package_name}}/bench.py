@@ -468,8 +468,10 @@ def compare_ranks(report: dict) -> dict:
     mine |= {"num_workers": chosen["num_workers"], "waiting_fraction": report.get("stall", {}).get("waiting_fraction")}
     every = dist.all_gather_object(mine)
     slowest = min(every, key=lambda r: r["samples_per_s"])
-    others = statistics.median(r["samples_per_s"] for r in every if r is not slowest)
     out = {"by_rank": every, "slowest_rank": slowest["rank"]}
+    if len(every) < 2:  # `launch -- bench` of one process: no other rank to compare with
+        return out
+    others = statistics.median(r["samples_per_s"] for r in every if r is not slowest)
     if slowest["samples_per_s"] * RANK_RATE_RATIO <= others:
         out["warning"] = (
             f"rank {slowest['rank']} ({slowest['host']}) loads {slowest['samples_per_s']:.0f} samples/s, "

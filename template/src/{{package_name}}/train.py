@@ -273,7 +273,7 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         leave=False,
     )
     guard = FiniteGuard(device, cfg.train.log_every, Path(cfg.train.run_dir) / CHECKPOINT)
-    wait = DataWait(carried.get("wait_s", 0.0) if own_wait is None else own_wait)
+    wait = DataWait(own_wait)
     for batch in even_batches(wait.timed(loader), todo):
         if batch is not None:
             batch = run.task.on_device(batch, device)  # what the format finishes there: a bad sample joins batch["bad"]
@@ -330,13 +330,17 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     }
 
 
-def own_carried_wait(partial: dict | None) -> float | None:
-    """This rank's data wait in its epoch before a resume, where the checkpoint kept each rank's with
-    as many ranks as now (``None``: rank 0 carries the ranks' sum, as before)."""
+def own_carried_wait(partial: dict | None) -> float:
+    """This rank's data wait in its epoch before a resume: its own where the checkpoint kept each
+    rank's with as many ranks as now, else an equal share of the ranks' sum.
+
+    >>> own_carried_wait({"wait_by_rank": [2.5], "wait_s": 2.5}), own_carried_wait({"wait_s": 3.0})
+    (2.5, 3.0)
+    """
     by_rank = (partial or {}).get("wait_by_rank")
-    if not by_rank or len(by_rank) != dist.get_world_size():
-        return None
-    return by_rank[dist.get_rank()]
+    if by_rank and len(by_rank) == dist.get_world_size():
+        return by_rank[dist.get_rank()]
+    return (partial or {}).get("wait_s", 0.0) / dist.get_world_size()
 
 
 def slowest_rank(waits: list[float], seconds: float) -> dict:
