@@ -477,7 +477,7 @@ def compare_ranks(report: dict) -> dict:
             f"rank {slowest['rank']} ({slowest['host']}) loads {slowest['samples_per_s']:.0f} samples/s, "
             f"{others / max(slowest['samples_per_s'], 1e-9):.1f}x less than the other ranks' median ({others:.0f}), "
             "and every rank trains at its pace: its loader is slower than theirs. Likely causes: less data to read "
-            "in parallel there (fewer shards, files or row groups than workers), a slower disk or mount on its "
+            "in parallel there (fewer pieces of the data than it has workers), a slower disk or mount on its "
             "node, fewer CPUs for its workers, or other jobs on that node"
         )
         log.warning("%s", out["warning"])

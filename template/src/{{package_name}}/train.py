@@ -146,7 +146,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             log.warning(
                 "rank %d waited %.1f s for data in epoch %d, %.1fx the other ranks' median (%.1f s), and every "
                 "rank steps at its pace: its loader is slower than theirs. Likely causes: less data to read in "
-                "parallel there (fewer shards, files or row groups than workers), a slower disk or mount on its "
+                "parallel there (fewer pieces of the data than it has workers), a slower disk or mount on its "
                 "node, fewer CPUs for its workers, or other jobs on that node",
                 lagging[0],
                 lagging[1],
