@@ -418,36 +418,27 @@ def build_rows(data: dict, args: argparse.Namespace, server: tuple, s3: tuple) -
         train(results.TRAIN_CACHE_POOL, "folder", pool),
         train(before("train, cache"), BEFORE, cache_before),
     ]
+
+    def epochs(name: str, source: str, overrides: list[str], server: dict | None = None) -> Row:
+        """Two whole epochs of ``source`` (``server``: from moto's S3 server, its pid and data)."""
+        spec = {"kind": "epochs", "overrides": overrides, **common, **(server or {})}
+        return Row(name, "epochs", spec, source, env=S3_ENV if server else {})
+
     rows += [
-        Row("shards, local (rendered)", "epochs", {"kind": "epochs", "overrides": shards, **common}, "shards"),
-        Row(
-            "shards, S3 on loopback (rendered)",
-            "epochs",
-            {"kind": "epochs", "overrides": bucket, **common, **moto},
-            "shards",
-            env=S3_ENV,
+        epochs("shards, local (rendered)", "shards", shards),
+        epochs("shards, S3 on loopback (rendered)", "shards", bucket, moto),
+        epochs(
+            "shards, S3 on loopback, no cache (data.cache_limit=0)", "shards", [*bucket, "data.cache_limit=0"], moto
         ),
-        Row(
-            "shards, S3 on loopback, no cache (data.cache_limit=0)",
-            "epochs",
-            {"kind": "epochs", "overrides": [*bucket, "data.cache_limit=0"], **common, **moto},
-            "shards",
-            env=S3_ENV,
+        epochs("parquet, local (rendered)", "parquet", parquet),
+        epochs(
+            "parquet, S3 on loopback (rendered: whole files into the cache)", "parquet", parquet_bucket, parquet_moto
         ),
-        Row("parquet, local (rendered)", "epochs", {"kind": "epochs", "overrides": parquet, **common}, "parquet"),
-        Row(
-            "parquet, S3 on loopback (rendered: whole files into the cache)",
-            "epochs",
-            {"kind": "epochs", "overrides": parquet_bucket, **common, **parquet_moto},
-            "parquet",
-            env=S3_ENV,
-        ),
-        Row(
+        epochs(
             "parquet, S3 on loopback, ranged reads (data.cache_limit=0)",
-            "epochs",
-            {"kind": "epochs", "overrides": [*parquet_bucket, "data.cache_limit=0"], **common, **parquet_moto},
             "parquet",
-            env=S3_ENV,
+            [*parquet_bucket, "data.cache_limit=0"],
+            parquet_moto,
         ),
     ]
     if not ref:  # --baseline '': no rows of the baseline
