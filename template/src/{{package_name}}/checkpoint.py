@@ -281,6 +281,8 @@ def save(
             partial = {k: sum(r[k] for r in every) for k in ("loss", "samples", "wait_s")}
             partial["seconds"] = max(r["seconds"] for r in every)  # the ranks ran side by side
             partial["wait_by_rank"] = [r["wait_s"] for r in every]  # each rank's own, to go on from
+            if every[0].get("entries") is not None:  # a mix's samples of each entry (data/mix.py)
+                partial["entries"] = [sum(c) for c in zip(*(r["entries"] for r in every), strict=True)]
         state = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -48,6 +48,22 @@ AUTO = "auto"
 
 
 @dataclass
+class MixEntry:
+    """One entry of ``data.mix``: a data set and its weight (README.md: "Mixing data sets")."""
+
+    # Where its data is, as data.root names it for its source.
+    root: str = ""
+    # Its share of the training samples, relative to the other entries' weights.
+    weight: float = 1.0
+    # The source that reads it ("" = data.source).
+    source: str = ""
+    # Its name in metrics and sample keys ("" = the last part of its root).
+    name: str = ""
+    # Read whole within an epoch: start again, reshuffled (true), or stop taking part until the next epoch (false).
+    cycle: bool = True
+
+
+@dataclass
 class DataConfig(SourceKeys, FormatConfig, SourceConfig):
     """``data.*``: where samples come from (``SourceConfig``, ``SourceKeys``), what one is (``FormatConfig``), these."""
 
@@ -57,6 +73,12 @@ class DataConfig(SourceKeys, FormatConfig, SourceConfig):
     bad_sample_budget: int = 10
     # A cache written by `pack --to cache` to train from instead of data.root ("" = none).
     cache: str = ""
+    # Data sets to train on together, instead of data.root: a list of {root, weight, source, name, cycle}.
+    mix: list[MixEntry] = field(default_factory=list)
+    # With data.mix: training samples per epoch over all ranks (0 = as data.mix_until says).
+    epoch_samples: int = 0
+    # With data.mix and no data.epoch_samples: an epoch ends when the first entry, or the last, has been read whole.
+    mix_until: str = "last"
 
     def __post_init__(self) -> None:
         SourceConfig.__post_init__(self)
@@ -66,6 +88,16 @@ class DataConfig(SourceKeys, FormatConfig, SourceConfig):
         expected = f"one of: {', '.join(names)}; name a source of yours in sources.py"
         require("data.source", self.source, self.source in names, expected)
         require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
+        require("data.epoch_samples", self.epoch_samples, self.epoch_samples >= 0, ">= 0 (0 = as data.mix_until says)")
+        require("data.mix_until", self.mix_until, self.mix_until in ("first", "last"), "first or last")
+        for i, entry in enumerate(self.mix):
+            require(f"data.mix[{i}].root", entry.root, bool(entry.root), "where the entry's data is")
+            w = entry.weight
+            require(f"data.mix[{i}].weight", w, 0 <= w < float("inf"), "a finite number >= 0")
+            if entry.source:
+                require(f"data.mix[{i}].source", entry.source, entry.source in names, expected)
+        if self.mix and not any(entry.weight > 0 for entry in self.mix):
+            raise ConfigError("data.mix: every weight is 0: give at least one entry a weight > 0")
 
 
 def _auto_or(key: str, value, minimum: int) -> None:
@@ -248,7 +280,7 @@ def as_yaml(cfg: Config) -> str:
             current = section
         if meaning:
             out += [f"  # {line}" for line in textwrap.wrap(meaning, 96)]
-        out.append(f"  {key}: {json.dumps(value)}")
+        out.append(f"  {key}: {json.dumps(value, default=dataclasses.asdict)}")
     return "\n".join(out) + "\n"
 
 
@@ -256,7 +288,8 @@ def as_markdown(cfg: Config) -> str:
     """Every key as a Markdown table: key, value, meaning."""
     out = ["| key | value | meaning |", "| --- | --- | --- |"]
     for section, key, value, meaning in describe(cfg):
-        out.append(f"| `{section}.{key}` | `{json.dumps(value)}` | {meaning.replace('|', chr(92) + '|')} |")
+        shown = json.dumps(value, default=dataclasses.asdict)
+        out.append(f"| `{section}.{key}` | `{shown}` | {meaning.replace('|', chr(92) + '|')} |")
     return "\n".join(out) + "\n"
 
 
@@ -344,4 +377,7 @@ def _explain(e: OmegaConfBaseException, where: str) -> str:
             return f"unknown config section {section!r}{where} (expected one of: {', '.join(known)})"
         keys = [f"{section}.{f.name}" for f in dataclasses.fields(getattr(Config(), section))]
         return f"unknown config key {key}{where} (expected one of: {', '.join(keys)})"
+    parent = getattr(e, "parent_node", None)
+    if "." not in key and key in {f.name for f in dataclasses.fields(MixEntry)} and parent is not None:
+        key = f"data.mix entry of root {parent.get('root')!r}: {key}"  # OmegaConf names no list index
     return f"{key}: {str(e).splitlines()[0]}{where}"

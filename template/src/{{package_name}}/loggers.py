@@ -129,10 +129,10 @@ class TensorBoard:
 
     def log_epoch(self, epoch: int, step: int, metrics: dict) -> None:
         for name, value in metrics.items():
-            if isinstance(value, list):  # one number per rank: epoch/<name>/<rank>
-                for rank, each in enumerate(value):
+            if isinstance(value, list | dict):  # one number per rank, or per entry of a mix: epoch/<name>/<which>
+                for which, each in value.items() if isinstance(value, dict) else enumerate(value):
                     if _number(each):
-                        self.writer.add_scalar(f"epoch/{name}/{rank}", each, step)
+                        self.writer.add_scalar(f"epoch/{name}/{which}", each, step)
             elif _number(value):
                 self.writer.add_scalar(f"epoch/{name}", value, step)
         self.writer.flush()

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import random
 import signal
@@ -35,6 +36,7 @@ from . import dist, project
 from .checkpoint import CHECKPOINT, Progress, find_checkpoint, resume, run_dir_lock, save
 from .compute import Compute, FiniteGuard, learning_rate, make_optimizer, set_learning_rate, setup_compute, train_step
 from .data import build_dataset, build_loader, set_epoch
+from .data.mix import entry_counts
 from .data.settings import loader_settings
 from .data.source import BadSampleBudget
 from .errors import DataError, UserError, WorkerLost
@@ -81,6 +83,9 @@ def fit(cfg, device: torch.device, stop: StopOnSignal | None = None) -> list[dic
     # worker count, configs/tuned.yaml; both loaders' use of /dev/shm is checked together.
     settings = loader_settings(cfg, {"train": train_set, "val": val_set}, saved)
     train_loader = build_loader(train_set, cfg, "train", settings["train"])
+    if cfg.data.mix and dist.is_main_process():  # the merged classes, and each entry's ids among them
+        text = json.dumps(train_set.class_map(), indent=2, ensure_ascii=False)
+        (run_dir / "classes.json").write_text(text + "\n", encoding="utf-8")
     val_loader = build_loader(val_set, cfg, "val", settings["val"])
 
     model = build_model(cfg, train_set.num_classes, task.sample_shape).to(device)
@@ -138,6 +143,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "data_wait_s_by_rank": [round(w, 3) for w in train_stats["data_wait_by_rank"]],
             **slowest_rank(train_stats["data_wait_by_rank"], train_stats["seconds"]),
             "world_size": dist.get_world_size(),
+            **mix_metrics(train_loader.dataset, train_stats["entries"]),
         }
         history.append(metrics)
         lagging = lagging_rank(train_stats["data_wait_by_rank"])
@@ -256,6 +262,8 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     start = time.perf_counter() - carried.get("seconds", 0.0)
     loss_sum = torch.full((), carried.get("loss", 0.0), dtype=torch.float64, device=device)
     samples, last = carried.get("samples", 0), None
+    names = list(loader.dataset.shares()) if cfg.data.mix else []  # a mix counts each entry's samples
+    entries = np.array(carried.get("entries") or [0] * len(names), dtype=np.int64)
     todo = None if planned is None else planned - progress.batch
     if todo is not None and todo <= 0:
         # Resumed from a checkpoint on the epoch's last step: the loader holds the position at the
@@ -278,6 +286,8 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         if batch is not None:
             batch = run.task.on_device(batch, device)  # what the format finishes there: a bad sample joins batch["bad"]
             run.budget.update(batch["bad"])
+            if names:
+                entries += entry_counts(batch["key"], names)
         progress.batch += 1
         bar.update()
         if (batch is None or not batch["key"]) and not dist.is_distributed():
@@ -299,7 +309,8 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         if signum or (cfg.train.checkpoint_every and progress.step % cfg.train.checkpoint_every == 0):
             guard.check(model)  # only finite weights are ever written
             sums = {"loss": loss_sum.item(), "samples": samples, "seconds": time.perf_counter() - start}
-            run.checkpoint(progress, mid_epoch=True, sums=sums | {"wait_s": wait.seconds})
+            sums |= {"wait_s": wait.seconds, "entries": entries.tolist() if names else None}
+            run.checkpoint(progress, mid_epoch=True, sums=sums)
         if signum:
             bar.close()
             raise stopped(signum, progress, Path(cfg.train.run_dir))
@@ -309,9 +320,10 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     guard.check(model)
     waits = [0.0] * dist.get_world_size()
     waits[dist.get_rank()] = wait.seconds  # summed over ranks: each rank's wait in its own place
-    host = torch.tensor([float(samples), *waits], dtype=torch.float64, device=device)
+    host = torch.tensor([float(samples), *waits, *entries.tolist()], dtype=torch.float64, device=device)
     totals = dist.all_reduce_sum(torch.cat([loss_sum.reshape(1), host])).tolist()
-    loss_total, samples_total, waits = totals[0], totals[1], totals[2:]
+    loss_total, samples_total = totals[0], totals[1]
+    waits, by_entry = totals[2 : 2 + len(waits)], totals[2 + len(waits) :]
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
     data_wait = sum(waits) / dist.get_world_size()  # the ranks' mean
@@ -327,6 +339,19 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         "data_wait_s": data_wait,
         "data_wait_by_rank": waits,
         "samples_per_s": rate,
+        "entries": dict(zip(names, map(int, by_entry), strict=True)),
+    }
+
+
+def mix_metrics(dataset, counts: dict[str, int]) -> dict:
+    """A mix's samples of each entry in the epoch, their shares, and the shares its weights asked for."""
+    if not counts:
+        return {}
+    total = max(sum(counts.values()), 1)
+    return {
+        "entry_samples": counts,
+        "entry_share": {name: round(n / total, 4) for name, n in counts.items()},
+        "entry_share_asked": {name: round(share, 4) for name, share in dataset.shares().items()},
     }
 
 

@@ -65,8 +65,13 @@ def build_dataset(cfg, split: str, task=None, *, rank: int | None = None, world_
             not given); the training loop passes the task whose loss and metric it uses.
         rank, world_size (int, optional): default to the running process group's.
 
-    The cache at ``data.cache`` when it is set, else the source at ``data.root``.
+    The entries of ``data.mix`` mixed by weight when it is set (data/mix.py); else the cache at ``data.cache``
+    when that is set, else the source at ``data.root``.
     """
+    if cfg.data.mix:  # several data sets, by weight (data/mix.py)
+        from .mix import open_mix
+
+        return open_mix(cfg, split, task, rank=rank, world_size=world_size)
     cls = source_class(cfg.data.source)
     if cfg.data.cache:
         from .cache import open_cache

@@ -190,6 +190,10 @@ class Source(abc.ABC):
         except (UserError, Stalled) as e:
             return [{"key": "", "error": e}]
 
+    def train_sampler(self, rank: int, world_size: int):
+        """A map-style source's own training sampler (``None``: the loader's, a ``DistributedSampler``)."""
+        return None
+
     def loader_class(self, split: str):
         """The kind of loader that batches this source (``None``: data/loader.py's ``Loader``)."""
         return None

@@ -1,0 +1,327 @@
+# torchfeed's file: `copier update` replaces it. Your model is model.py; your augmentations, loss and
+# metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
+"""Several data sets in one run, mixed by weight: ``data.mix`` (README.md: "Mixing data sets").
+
+    data:
+      mix:
+        - {root: data/photos, weight: 0.8}
+        - {root: data/renders, weight: 0.2, cycle: true}
+      epoch_samples: 0    # training samples per epoch over all ranks; 0: as mix_until says
+      mix_until: last     # the epoch ends when the last entry has been read whole (or the first)
+
+Each entry is read by its own source (``data.source``, or the entry's ``source``), with the run's
+task: the sample format is the same for all. Their class names are merged by name (sorted); each
+entry's labels are mapped onto the merged ids, and ``train`` writes the map to
+``<run_dir>/classes.json``. A sample's key is ``<entry>/<its key in the entry>``.
+
+# NOTE [ An epoch of a mix is a list drawn once, the same in every process ]
+# At each epoch the mix draws, from (train.seed, epoch) alone, which entry each of the epoch's
+# samples comes from (by weight), and each entry's order for each pass over it (a new one for each
+# pass: no sample repeats before the entry has been read whole). That list is a map-style dataset
+# of the epoch's length: the loader's usual sampler splits it over the ranks (equal steps on every
+# rank), its workers read any item of it, and a checkpoint's sampler position resumes it exactly.
+# The same settings draw the same list in every process, on every run; no worker or rank keeps
+# a position of its own. A sample read again in a later pass gets other random augmentations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import PurePath
+
+import numpy as np
+from torch.utils.data import Dataset, IterableDataset, Sampler
+
+from .. import dist
+from ..errors import DataError, UserError
+from ..task import Task
+from .source import Source
+
+log = logging.getLogger(__name__)
+
+UNTIL = ("first", "last")
+CHUNK = 1 << 16  # entries drawn at a time
+
+
+@dataclasses.dataclass
+class Entry:
+    """One opened entry of the mix."""
+
+    name: str
+    root: str
+    source: Source
+    weight: float
+    cycle: bool
+    labels: np.ndarray  # its class ids -> the merged ids
+
+
+def entry_names(mix) -> list[str]:
+    """Each entry's name: its ``name``, else the last part of its root; two alike are a mistake."""
+    names = []
+    for i, spec in enumerate(mix):
+        name = spec.name or PurePath(str(spec.root).rstrip("/")).name or f"entry{i}"
+        if "/" in name:
+            raise UserError(f"data.mix[{i}].name={name!r}: a name holds no '/' (it begins each sample's key)")
+        if name in names:
+            raise UserError(
+                f"data.mix[{i}] and data.mix[{names.index(name)}] are both named {name!r}: give each a name "
+                "of its own (data.mix[i].name), which metrics and sample keys use"
+            )
+        names.append(name)
+    return names
+
+
+def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size: int | None = None) -> MixSource:
+    """The mix of ``data.mix`` for ``split``: each entry opened with its source, classes merged, formats checked."""
+    from . import source_class
+
+    if rank is None or world_size is None:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    if cfg.data.cache:
+        raise UserError("data.cache and data.mix together: a cache holds one source; set data.cache= to read the mix")
+    task = task if task is not None else Task(cfg.data, split)
+    entries = []
+    for i, (name, spec) in enumerate(zip(entry_names(cfg.data.mix), cfg.data.mix, strict=True)):
+        what = f"data.mix entry {name!r} (data.mix[{i}], root {spec.root})"
+        cls = source_class(spec.source or cfg.data.source)
+        if issubclass(cls, IterableDataset):
+            raise UserError(
+                f"{what}: {cls.__name__} streams its samples (an IterableDataset); a mix reads map-style sources "
+                "(a Dataset with __len__ and __getitem__), such as a folder: pack a stream into one first"
+            )
+        keys = {"root": spec.root, "source": spec.source or cfg.data.source, "mix": []}
+        if hasattr(cfg.data, "num_classes"):
+            keys["num_classes"] = 0  # each entry's own classes; data.num_classes checks the merged ones
+        try:
+            opened = cls(
+                dataclasses.replace(cfg.data, **keys),
+                split,
+                task,
+                seed=cfg.train.seed,
+                rank=rank,
+                world_size=world_size,
+            )
+        except UserError as e:
+            raise DataError(f"{what}: {e}") from None
+        if len(opened) == 0:
+            raise DataError(f"{what} holds no {split} samples: fill it, or remove it from data.mix")
+        entries.append(Entry(name, spec.root, opened, float(spec.weight), spec.cycle, np.zeros(0, np.int64)))
+    classes = merge_classes(entries)
+    wanted = getattr(cfg.data, "num_classes", 0)
+    if wanted and wanted != len(classes):
+        raise DataError(
+            f"data.num_classes={wanted} but the entries of data.mix have {len(classes)} classes by name "
+            "(set data.num_classes=0 to use them)"
+        )
+    shapes = {}
+    for e in entries:  # each entry's first samples decode with the task, to one sample shape
+        task.prepare(e.source.peek(16), where=f"data.mix entry {e.name!r} ({e.root})", num_classes=len(classes))
+        shapes[e.name] = tuple(task.sample_shape)
+    if len(set(shapes.values())) > 1:
+        listing = ", ".join(f"{name}: {shape}" for name, shape in shapes.items())
+        raise DataError(
+            f"the entries of data.mix decode to samples of different shapes ({listing}): one format for all"
+        )
+    task.prepare(entries[0].source.peek(16), where=f"data.mix entry {entries[0].name!r}", num_classes=len(classes))
+    return MixSource(cfg.data, split, task, entries, classes, seed=cfg.train.seed, rank=rank, world_size=world_size)
+
+
+def merge_classes(entries: list[Entry]) -> list[str]:
+    """The classes of all entries by name, sorted; each entry's ``labels`` map set. Two names alike but for case,
+    spacing or Unicode form are a mistake: one class or two, the user says which."""
+    seen: dict[str, tuple[str, str]] = {}
+    for e in entries:
+        for name in e.source.classes:
+            alike = unicodedata.normalize("NFC", str(name)).casefold().strip()
+            first = seen.setdefault(alike, (str(name), e.name))
+            if first[0] != str(name):
+                raise DataError(
+                    f"data.mix: class {str(name)!r} of entry {e.name!r} and class {first[0]!r} of entry {first[1]!r} "
+                    "differ only in case, spacing or Unicode form: rename one, to the same name (one class) or "
+                    "another (two classes)"
+                )
+    classes = sorted({name for name, _ in seen.values()})
+    ids = {name: i for i, name in enumerate(classes)}
+    for e in entries:
+        e.labels = np.array([ids[str(name)] for name in e.source.classes], dtype=np.int64)
+    return classes
+
+
+def draw(sizes: list[int], weights: list[float], cycles: list[bool], until: str, total: int, rng) -> np.ndarray:
+    """The entry each of one epoch's samples comes from, in order.
+
+    Entries are drawn by weight (among those still taking part) until ``total`` samples, or with
+    ``total=0`` until the first entry has been read whole (``until="first"``) or every entry has
+    (``"last"``). An entry read whole starts again (``cycle``) or stops taking part.
+
+    >>> rng = np.random.default_rng(0)
+    >>> drawn = draw([4, 100], [0.5, 0.5], [False, False], "last", 0, rng)
+    >>> np.bincount(drawn).tolist()
+    [4, 100]
+    """
+    k = len(sizes)
+    w, n = np.asarray(weights, dtype=np.float64), np.asarray(sizes, dtype=np.int64)
+    counts, live = np.zeros(k, dtype=np.int64), (w > 0) & (n > 0)
+    unread = live.copy()  # not yet read whole this epoch
+    parts, drawn = [], 0
+    while live.any() and (not total or drawn < total):
+        p = np.where(live, w, 0.0)
+        chunk = rng.choice(k, size=min(CHUNK, total - drawn) if total else CHUNK, p=p / p.sum())
+        # the first draw that reads an entry whole: it may end the epoch or the entry's part in it
+        ends = [
+            (int(np.flatnonzero(chunk == i)[n[i] - counts[i] - 1]), i)
+            for i in np.flatnonzero(unread & live)
+            if np.count_nonzero(chunk == i) >= n[i] - counts[i]
+        ]
+        at, whole = min(ends) if ends else (len(chunk) - 1, None)
+        parts.append(chunk[: at + 1])
+        counts += np.bincount(chunk[: at + 1], minlength=k)
+        drawn += at + 1
+        if whole is None:
+            continue
+        unread[whole] = False
+        if not cycles[whole]:
+            live[whole] = False
+        if not total and (until == "first" or not unread.any()):
+            break
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def derived_seed(*parts) -> int:
+    """A 64-bit seed from ``parts`` (as text)."""
+    text = "\0".join(map(str, parts)).encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+class MixSource(Source, Dataset):
+    """The entries of ``data.mix`` as one map-style source (see the NOTE above); build it with :func:`open_mix`.
+
+    Training reads an epoch's drawn list; validation reads every entry's samples once, one after another.
+    """
+
+    def __init__(self, cfg, split, task, entries: list[Entry], classes: list[str], **kwargs) -> None:
+        super().__init__(cfg, split, task, **kwargs)
+        self.entries, self.classes = entries, classes
+        self.until, self.epoch_samples = cfg.mix_until, cfg.epoch_samples
+        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, entry of each item, its draw)
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}  # (epoch, entry, pass) -> that pass's order
+
+    def __getstate__(self) -> dict:  # what a process draws it draws again: nothing drawn travels to workers
+        return {**super().__getstate__(), "_plan": None, "_orders": {}}
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        for e in self.entries:
+            e.source.set_epoch(epoch)
+
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's items: the entry of each, and which of that entry's draws it is (0, 1, ...)."""
+        epoch = self.epoch
+        if self._plan is None or self._plan[0] != epoch:
+            sizes = [len(e.source) for e in self.entries]
+            if self.split == "train":
+                rng = np.random.default_rng([self.seed, epoch, 0x6D6978])
+                which = draw(
+                    sizes,
+                    [e.weight for e in self.entries],
+                    [e.cycle for e in self.entries],
+                    self.until,
+                    self.epoch_samples,
+                    rng,
+                )
+            else:
+                which = np.repeat(np.arange(len(sizes)), sizes)
+            nth = np.zeros(len(which), dtype=np.int64)
+            for i in range(len(self.entries)):
+                mask = which == i
+                nth[mask] = np.arange(np.count_nonzero(mask))
+            self._plan, self._orders = (epoch, which, nth), {}
+        return self._plan[1], self._plan[2]
+
+    def __len__(self) -> int:
+        return len(self.plan()[0])
+
+    def locate(self, index: int) -> tuple[int, int, int]:
+        """Item ``index`` of this epoch: ``(entry, pass over it, index in the entry)``."""
+        which, nth = self.plan()
+        i, k = int(which[index]), int(nth[index])
+        size = len(self.entries[i].source)
+        turn = k // size
+        if self.split != "train":
+            return i, 0, k
+        key = (self.epoch, i, turn)
+        if key not in self._orders:
+            self._orders = {key: np.random.default_rng([self.seed, self.epoch, i, turn]).permutation(size)}
+        return i, turn, int(self._orders[key][k % size])
+
+    def __getitem__(self, index: int) -> dict:
+        i, turn, inner = self.locate(index)
+        entry = self.entries[i]
+        entry.source.seed = derived_seed(self.seed, entry.name, turn)  # this process's copy: its own augmentations
+        sample = dict(entry.source[inner])
+        sample["key"] = f"{entry.name}/{sample['key']}"
+        if "target" in sample:
+            sample["target"] = int(entry.labels[sample["target"]])
+        return sample
+
+    def shares(self) -> dict[str, float]:
+        """The share of the training samples each entry was asked for (its weight over all weights)."""
+        total = sum(e.weight for e in self.entries)
+        return {e.name: e.weight / total for e in self.entries}
+
+    def class_map(self) -> dict:
+        """The merged classes and each entry's id map (``train`` writes it to ``<run_dir>/classes.json``)."""
+        return {
+            "classes": self.classes,
+            "entries": {
+                e.name: {"root": e.root, "ids": dict(zip(map(str, e.source.classes), e.labels.tolist(), strict=True))}
+                for e in self.entries
+            },
+        }
+
+    def peek(self, n: int) -> list[bytes]:
+        return self.entries[0].source.peek(n)
+
+    def fingerprint(self) -> dict:
+        return {
+            "mix": [
+                {"name": e.name, "weight": e.weight, "cycle": e.cycle, **e.source.fingerprint()} for e in self.entries
+            ],
+            "until": self.until,
+            "epoch_samples": self.epoch_samples,
+        }
+
+    def train_sampler(self, rank: int, world_size: int) -> MixSampler:
+        return MixSampler(self, rank, world_size)
+
+
+class MixSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` takes items ``r, r + w, ...`` of the epoch's drawn list (drawn in random order already),
+    the same number on every rank: the last ``len % w`` items of an epoch are left out.
+
+    Its position in an epoch is the number of items it gave, which StatefulDataLoader keeps and skips again.
+    """
+
+    def __init__(self, mix: MixSource, rank: int, world_size: int) -> None:
+        self.mix, self.rank, self.world_size = mix, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self) * self.world_size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(self.mix) // self.world_size
+
+
+def entry_counts(keys: list[str], names: list[str]) -> list[int]:
+    """How many of ``keys`` each entry named in ``names`` gave (a mix's keys begin with the entry's name).
+
+    >>> entry_counts(["a/train/x", "b/train/y", "a/train/z"], ["a", "b"])
+    [2, 1]
+    """
+    counted = Counter(key.partition("/")[0] for key in keys)
+    return [counted.get(name, 0) for name in names]
