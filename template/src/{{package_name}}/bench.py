@@ -20,7 +20,7 @@
    training device, against the loader's time per batch: how much of a step would wait for data;
    and the capacity verdict: the loader CPUs each training process needs for a stall under 5%.
    With ``data.cache`` set, the source at ``data.root`` is timed at the chosen setting too:
-   the cache's speed-up over it.
+   the cache's speed-up over it. With ``data.mix``, each entry alone, and the one that limits the mix.
 4. The checks (checks.py): handle leaks, a consumed iterator, duplicated samples, worker
    memory growth, repeated augmentations (whatever task.py's train transform does), a
    collate that cannot batch.
@@ -352,6 +352,30 @@ def cache_speedup(cfg, chosen: dict, batches: int) -> dict:
     }
 
 
+def mix_entries(cfg, mix, chosen: dict, batches: int) -> dict:
+    """Each entry of a mix (``data.mix``) alone at the setting chosen for the mix, and the entry that limits it.
+
+    The mix spends ``share / rate`` of its time per sample on each entry (its asked share, its rate alone): the
+    entry with the largest part limits the mix, and ``1 / sum(share / rate)`` is what the entries allow it.
+    """
+    entries, shares = {}, mix.shares()
+    for e in mix.entries:
+        loader = _loader(cfg, e.source, num_workers=chosen["num_workers"], prefetch_factor=chosen["prefetch_factor"])
+        rate = measure(loader, batches)["samples_per_s"]
+        entries[e.name] = {"samples_per_s": rate, "share": round(shares[e.name], 4), "time": shares[e.name] / rate}
+        del loader
+    total = sum(e["time"] for e in entries.values())
+    for e in entries.values():
+        e["time_share"] = round(e.pop("time") / total, 3)  # of the mix's time per sample
+    limiting = max(entries, key=lambda name: entries[name]["time_share"])
+    return {
+        "entries": entries,
+        "mix_samples_per_s": chosen["samples_per_s"],
+        "entries_allow_samples_per_s": round(1 / total, 1),
+        "limiting": limiting,
+    }
+
+
 def bench_command(
     cfg, quick: bool = False, budget_s: float = 60.0, time_paths: bool = False, batches: int | None = None
 ) -> dict:
@@ -436,6 +460,8 @@ def run_bench(
     report |= figures
     if not quick and isinstance(dataset, CacheSource):
         report["cache"] = cache_speedup(cfg, chosen, batches)
+    if not quick and cfg.data.mix:
+        report["mix"] = mix_entries(cfg, dataset, chosen, batches)
     if paths is not None:
         report["paths"] = paths
     if not quick:

@@ -53,6 +53,17 @@ def summary(report: dict) -> str:
             f"cache: {c['speedup']:.1f}x the source ({c['cache_samples_per_s']:.0f} against "
             f"{c['source_samples_per_s']:.0f} samples/s at the chosen setting)"
         )
+    if "mix" in report:
+        m = report["mix"]
+        each = ", ".join(
+            f"{name} {e['samples_per_s']:.0f} samples/s alone, {e['share']:.0%} of the samples, {e['time_share']:.0%} "
+            "of the time"
+            for name, e in m["entries"].items()
+        )
+        lines.append(
+            f"mix: {m['mix_samples_per_s']:.0f} samples/s; {each}; {m['limiting']} limits the mix (its entries allow "
+            f"{m['entries_allow_samples_per_s']:.0f} samples/s)"
+        )
     if "pin_memory_samples_per_s" in report:
         lines.append(f"host-to-device samples/s by pin_memory: {report['pin_memory_samples_per_s']}")
     if "stall" in report:
