@@ -294,6 +294,7 @@ COMMON_DATA_MODULES = {
     "__init__.py",
     "project_source.py",  # one per source, by its file name's condition
     "sample.py",
+    "mix.py",
     "source.py",
     "loader.py",
     "settings.py",
