@@ -128,7 +128,10 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
             f"the entries of data.mix decode to samples of different shapes ({listing}): one format for all"
         )
     task.prepare(entries[0].source.peek(16), where=f"data.mix entry {entries[0].name!r}", num_classes=len(classes))
-    return MixSource(cfg.data, split, task, entries, classes, seed=cfg.train.seed, rank=rank, world_size=world_size)
+    multiple = world_size * (cfg.loader.batch_size if cfg.loader.drop_last else 1)
+    return MixSource(
+        cfg.data, split, task, entries, classes, multiple, seed=cfg.train.seed, rank=rank, world_size=world_size
+    )
 
 
 def merge_classes(entries: list[Entry]) -> list[str]:
@@ -152,12 +155,15 @@ def merge_classes(entries: list[Entry]) -> list[str]:
     return classes
 
 
-def draw(sizes: list[int], weights: list[float], cycles: list[bool], until: str, total: int, rng) -> np.ndarray:
+def draw(
+    sizes: list[int], weights: list[float], cycles: list[bool], until: str, total: int, rng, multiple: int = 1
+) -> np.ndarray:
     """The entry each of one epoch's samples comes from, in order.
 
     Entries are drawn by weight (among those still taking part) until ``total`` samples, or with
     ``total=0`` until the first entry has been read whole (``until="first"``) or every entry has
-    (``"last"``). An entry read whole starts again (``cycle``) or stops taking part.
+    (``"last"``), and then on to a ``multiple`` of samples (whole batches on every rank: none left
+    out, while an entry takes part). An entry read whole starts again (``cycle``) or stops taking part.
 
     >>> rng = np.random.default_rng(0)
     >>> drawn = draw([4, 100], [0.5, 0.5], [False, False], "last", 0, rng)
@@ -168,10 +174,10 @@ def draw(sizes: list[int], weights: list[float], cycles: list[bool], until: str,
     w, n = np.asarray(weights, dtype=np.float64), np.asarray(sizes, dtype=np.int64)
     counts, live = np.zeros(k, dtype=np.int64), (w > 0) & (n > 0)
     unread = live.copy()  # not yet read whole this epoch
-    parts, drawn = [], 0
-    while live.any() and (not total or drawn < total):
+    parts, drawn, limit = [], 0, total or None
+    while live.any() and (limit is None or drawn < limit):
         p = np.where(live, w, 0.0)
-        chunk = rng.choice(k, size=min(CHUNK, total - drawn) if total else CHUNK, p=p / p.sum())
+        chunk = rng.choice(k, size=CHUNK if limit is None else min(CHUNK, limit - drawn), p=p / p.sum())
         # the first draw that reads an entry whole: it may end the epoch or the entry's part in it
         ends = [
             (int(np.flatnonzero(chunk == i)[n[i] - counts[i] - 1]), i)
@@ -187,8 +193,8 @@ def draw(sizes: list[int], weights: list[float], cycles: list[bool], until: str,
         unread[whole] = False
         if not cycles[whole]:
             live[whole] = False
-        if not total and (until == "first" or not unread.any()):
-            break
+        if limit is None and (until == "first" or not unread.any()):
+            limit = drawn + (-drawn) % multiple
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -204,10 +210,11 @@ class MixSource(Source, Dataset):
     Training reads an epoch's drawn list; validation reads every entry's samples once, one after another.
     """
 
-    def __init__(self, cfg, split, task, entries: list[Entry], classes: list[str], **kwargs) -> None:
+    def __init__(self, cfg, split, task, entries: list[Entry], classes: list[str], multiple=1, **kwargs) -> None:
         super().__init__(cfg, split, task, **kwargs)
         self.entries, self.classes = entries, classes
         self.until, self.epoch_samples = cfg.mix_until, cfg.epoch_samples
+        self.multiple = multiple  # an epoch's samples, rounded up to whole batches on every rank
         self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, entry of each item, its draw)
         self._orders: dict[tuple[int, int, int], np.ndarray] = {}  # (epoch, entry, pass) -> that pass's order
 
@@ -226,14 +233,8 @@ class MixSource(Source, Dataset):
             sizes = [len(e.source) for e in self.entries]
             if self.split == "train":
                 rng = np.random.default_rng([self.seed, epoch, 0x6D6978])
-                which = draw(
-                    sizes,
-                    [e.weight for e in self.entries],
-                    [e.cycle for e in self.entries],
-                    self.until,
-                    self.epoch_samples,
-                    rng,
-                )
+                weights, cycles = [e.weight for e in self.entries], [e.cycle for e in self.entries]
+                which = draw(sizes, weights, cycles, self.until, self.epoch_samples, rng, self.multiple)
             else:
                 which = np.repeat(np.arange(len(sizes)), sizes)
             nth = np.zeros(len(which), dtype=np.int64)
