@@ -285,10 +285,10 @@ VARIANT_MARKERS = [
 ]
 EXPECTED_DATA_MODULES = {
     "folder": {"folder.py", "folder_index.py"},
-    "sqlite": {"sqlite.py", "database.py", "iterable.py"},
-    "http": {"http.py", "database.py", "serve.py", "iterable.py"},
-    "shards": {"shards.py", "shard_reader.py", "s3.py", "folder_index.py", "iterable.py"},
-    "parquet": {"parquet.py", "s3.py", "folder_index.py", "iterable.py"},
+    "sqlite": {"sqlite.py", "database.py", "iterable.py", "mix_stream.py"},
+    "http": {"http.py", "database.py", "serve.py", "iterable.py", "mix_stream.py"},
+    "shards": {"shards.py", "shard_reader.py", "s3.py", "folder_index.py", "iterable.py", "mix_stream.py"},
+    "parquet": {"parquet.py", "s3.py", "folder_index.py", "iterable.py", "mix_stream.py"},
 }
 COMMON_DATA_MODULES = {
     "__init__.py",

@@ -89,10 +89,10 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
     for i, (name, spec) in enumerate(zip(entry_names(cfg.data.mix), cfg.data.mix, strict=True)):
         what = f"data.mix entry {name!r} (data.mix[{i}], root {spec.root})"
         cls = source_class(spec.source or cfg.data.source)
-        if issubclass(cls, IterableDataset):
+        if issubclass(cls, IterableDataset) and not hasattr(cls, "rows"):
             raise UserError(
-                f"{what}: {cls.__name__} streams its samples (an IterableDataset); a mix reads map-style sources "
-                "(a Dataset with __len__ and __getitem__), such as a folder: pack a stream into one first"
+                f"{what}: {cls.__name__} is an IterableDataset that gives no rows(): a mix reads map-style sources "
+                "(__len__ and __getitem__) and streams of data/iterable.py's IterableSource"
             )
         keys = {"root": spec.root, "source": spec.source or cfg.data.source, "mix": []}
         if hasattr(cfg.data, "num_classes"):
@@ -108,7 +108,7 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
             )
         except UserError as e:
             raise DataError(f"{what}: {e}") from None
-        if len(opened) == 0:
+        if not isinstance(opened, IterableDataset) and len(opened) == 0:
             raise DataError(f"{what} holds no {split} samples: fill it, or remove it from data.mix")
         entries.append(Entry(name, spec.root, opened, float(spec.weight), spec.cycle, np.zeros(0, np.int64)))
     classes = merge_classes(entries)
@@ -128,6 +128,10 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
             f"the entries of data.mix decode to samples of different shapes ({listing}): one format for all"
         )
     task.prepare(entries[0].source.peek(16), where=f"data.mix entry {entries[0].name!r}", num_classes=len(classes))
+    if any(isinstance(e.source, IterableDataset) for e in entries):  # a stream among them: the mix streams too
+        from .mix_stream import MixStream
+
+        return MixStream(cfg.data, split, task, entries, classes, seed=cfg.train.seed, rank=rank, world_size=world_size)
     multiple = world_size * (cfg.loader.batch_size if cfg.loader.drop_last else 1)
     return MixSource(
         cfg.data, split, task, entries, classes, multiple, seed=cfg.train.seed, rank=rank, world_size=world_size
@@ -204,67 +208,29 @@ def derived_seed(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-class MixSource(Source, Dataset):
-    """The entries of ``data.mix`` as one map-style source (see the NOTE above); build it with :func:`open_mix`.
+class Mixed:
+    """What a mix is whether its entries are map-style (:class:`MixSource`) or streams (mix_stream.py): its
+    entries, merged classes, asked shares, and a sample of an entry as the mix gives it."""
 
-    Training reads an epoch's drawn list; validation reads every entry's samples once, one after another.
-    """
+    entries: list[Entry]
+    classes: list[str]
+    seed: int
 
-    def __init__(self, cfg, split, task, entries: list[Entry], classes: list[str], multiple=1, **kwargs) -> None:
-        super().__init__(cfg, split, task, **kwargs)
+    def mix_entries(self, cfg, entries: list[Entry], classes: list[str]) -> None:
         self.entries, self.classes = entries, classes
         self.until, self.epoch_samples = cfg.mix_until, cfg.epoch_samples
-        self.multiple = multiple  # an epoch's samples, rounded up to whole batches on every rank
-        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, entry of each item, its draw)
-        self._orders: dict[tuple[int, int, int], np.ndarray] = {}  # (epoch, entry, pass) -> that pass's order
-
-    def __getstate__(self) -> dict:  # what a process draws it draws again: nothing drawn travels to workers
-        return {**super().__getstate__(), "_plan": None, "_orders": {}}
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         for e in self.entries:
             e.source.set_epoch(epoch)
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        """This epoch's items: the entry of each, and which of that entry's draws it is (0, 1, ...)."""
-        epoch = self.epoch
-        if self._plan is None or self._plan[0] != epoch:
-            sizes = [len(e.source) for e in self.entries]
-            if self.split == "train":
-                rng = np.random.default_rng([self.seed, epoch, 0x6D6978])
-                weights, cycles = [e.weight for e in self.entries], [e.cycle for e in self.entries]
-                which = draw(sizes, weights, cycles, self.until, self.epoch_samples, rng, self.multiple)
-            else:
-                which = np.repeat(np.arange(len(sizes)), sizes)
-            nth = np.zeros(len(which), dtype=np.int64)
-            for i in range(len(self.entries)):
-                mask = which == i
-                nth[mask] = np.arange(np.count_nonzero(mask))
-            self._plan, self._orders = (epoch, which, nth), {}
-        return self._plan[1], self._plan[2]
-
-    def __len__(self) -> int:
-        return len(self.plan()[0])
-
-    def locate(self, index: int) -> tuple[int, int, int]:
-        """Item ``index`` of this epoch: ``(entry, pass over it, index in the entry)``."""
-        which, nth = self.plan()
-        i, k = int(which[index]), int(nth[index])
-        size = len(self.entries[i].source)
-        turn = k // size
-        if self.split != "train":
-            return i, 0, k
-        key = (self.epoch, i, turn)
-        if key not in self._orders:
-            self._orders = {key: np.random.default_rng([self.seed, self.epoch, i, turn]).permutation(size)}
-        return i, turn, int(self._orders[key][k % size])
-
-    def __getitem__(self, index: int) -> dict:
-        i, turn, inner = self.locate(index)
+    def from_entry(self, i: int, turn: int, read) -> dict:
+        """``read()``'s sample of entry ``i`` in its pass ``turn`` (the pass seeds its augmentations), its key
+        ``<entry>/<key>`` and its target the merged class id."""
         entry = self.entries[i]
         entry.source.seed = derived_seed(self.seed, entry.name, turn)  # this process's copy: its own augmentations
-        sample = dict(entry.source[inner])
+        sample = dict(read())
         sample["key"] = f"{entry.name}/{sample['key']}"
         if "target" in sample:
             sample["target"] = int(entry.labels[sample["target"]])
@@ -297,8 +263,72 @@ class MixSource(Source, Dataset):
             "epoch_samples": self.epoch_samples,
         }
 
+
+class MixSource(Mixed, Source, Dataset):
+    """The map-style entries of ``data.mix`` as one map-style source (see the NOTE above); :func:`open_mix`
+    builds it. Training reads an epoch's drawn list; validation every entry's samples once, one after another.
+    """
+
+    def __init__(self, cfg, split, task, entries: list[Entry], classes: list[str], multiple=1, **kwargs) -> None:
+        super().__init__(cfg, split, task, **kwargs)
+        self.mix_entries(cfg, entries, classes)
+        self.multiple = multiple  # an epoch's samples, rounded up to whole batches on every rank
+        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, entry of each item, its draw)
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}  # (epoch, entry, pass) -> that pass's order
+
+    def __getstate__(self) -> dict:  # what a process draws it draws again: nothing drawn travels to workers
+        return {**super().__getstate__(), "_plan": None, "_orders": {}}
+
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's items: the entry of each, and which of that entry's draws it is (0, 1, ...)."""
+        epoch = self.epoch
+        if self._plan is None or self._plan[0] != epoch:
+            sizes = [len(e.source) for e in self.entries]
+            if self.split == "train":
+                rng = np.random.default_rng([self.seed, epoch, 0x6D6978])
+                weights, cycles = [e.weight for e in self.entries], [e.cycle for e in self.entries]
+                which = draw(sizes, weights, cycles, self.until, self.epoch_samples, rng, self.multiple)
+            else:
+                which = np.repeat(np.arange(len(sizes)), sizes)
+            nth = np.zeros(len(which), dtype=np.int64)
+            for i in range(len(self.entries)):
+                mask = which == i
+                nth[mask] = np.arange(np.count_nonzero(mask))
+            self._plan, self._orders = (epoch, which, nth), {}
+        return self._plan[1], self._plan[2]
+
+    def __len__(self) -> int:
+        return len(self.plan()[0])
+
+    def locate(self, index: int) -> tuple[int, int, int]:
+        """Item ``index`` of this epoch: ``(entry, pass over it, index in the entry)``."""
+        which, nth = self.plan()
+        i, k = int(which[index]), int(nth[index])
+        if self.split != "train":
+            return i, 0, k
+        size = len(self.entries[i].source)
+        turn = k // size
+        return i, turn, int(self.order(i, turn)[k % size])
+
+    def order(self, i: int, turn: int) -> np.ndarray:
+        """Entry ``i``'s order in its pass ``turn`` of this epoch (the latest kept)."""
+        key = (self.epoch, i, turn)
+        if key not in self._orders:
+            size = len(self.entries[i].source)
+            self._orders = {key: entry_order(self.seed, self.epoch, i, turn, size)}
+        return self._orders[key]
+
+    def __getitem__(self, index: int) -> dict:
+        i, turn, inner = self.locate(index)
+        return self.from_entry(i, turn, lambda: self.entries[i].source[inner])
+
     def train_sampler(self, rank: int, world_size: int) -> MixSampler:
         return MixSampler(self, rank, world_size)
+
+
+def entry_order(seed: int, epoch: int, i: int, turn: int, size: int) -> np.ndarray:
+    """The order of a map-style entry's samples in one pass over it: new for each (seed, epoch, entry, pass)."""
+    return np.random.default_rng([seed, epoch, i, turn]).permutation(size)
 
 
 class MixSampler(Sampler[int]):
