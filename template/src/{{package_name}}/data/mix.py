@@ -18,10 +18,14 @@ entry's labels are mapped onto the merged ids, and ``train`` writes the map to
 # At each epoch the mix draws, from (train.seed, epoch) alone, which entry each of the epoch's
 # samples comes from (by weight), and each entry's order for each pass over it (a new one for each
 # pass: no sample repeats before the entry has been read whole). That list is a map-style dataset
-# of the epoch's length: the loader's usual sampler splits it over the ranks (equal steps on every
-# rank), its workers read any item of it, and a checkpoint's sampler position resumes it exactly.
+# of the epoch's length: its sampler (MixSampler) deals it over the ranks (equal steps on every
+# rank), the workers read any item of it, and a checkpoint's sampler position resumes it exactly.
 # The same settings draw the same list in every process, on every run; no worker or rank keeps
 # a position of its own. A sample read again in a later pass gets other random augmentations.
+# (DistributedSampler would not do: its length is fixed when it is built, and each epoch's draw
+# has a length of its own.)
+# A stream among the entries cannot be read at a random place: the mix is then drawn by each
+# worker instead (data/mix_stream.py, in the projects that read streams).
 """
 
 from __future__ import annotations
