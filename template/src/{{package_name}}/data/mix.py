@@ -132,11 +132,13 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
             f"the entries of data.mix decode to samples of different shapes ({listing}): one format for all"
         )
     task.prepare(entries[0].source.peek(16), where=f"data.mix entry {entries[0].name!r}", num_classes=len(classes))
+    batch = cfg.loader.batch_size if cfg.loader.drop_last else 1
     if any(isinstance(e.source, IterableDataset) for e in entries):  # a stream among them: the mix streams too
         from .mix_stream import MixStream
 
-        return MixStream(cfg.data, split, task, entries, classes, seed=cfg.train.seed, rank=rank, world_size=world_size)
-    multiple = world_size * (cfg.loader.batch_size if cfg.loader.drop_last else 1)
+        args = (cfg.data, split, task, entries, classes, batch)
+        return MixStream(*args, seed=cfg.train.seed, rank=rank, world_size=world_size)
+    multiple = world_size * batch
     return MixSource(
         cfg.data, split, task, entries, classes, multiple, seed=cfg.train.seed, rank=rank, world_size=world_size
     )
