@@ -352,6 +352,11 @@ def check_collate(cfg, dataset) -> Check:
 def run_checks(cfg, dataset, num_workers: int) -> list[Check]:
     """All checks on ``dataset`` with the chosen ``num_workers``; a few seconds on the sample data."""
     start = time.perf_counter()
+    if cfg.data.mix:  # each entry read once an epoch: a sample read twice is then a fault, not a cycle
+        from .data.mix import read_once
+
+        cfg = read_once(cfg)
+        dataset = type(dataset).open(cfg, dataset.split, dataset.task)
     checks = [check_collate(cfg, dataset)]
     if checks[0].status == FAIL:  # nothing else can batch either
         return checks

@@ -144,6 +144,14 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
     )
 
 
+def read_once(cfg):
+    """``cfg`` with each entry of its mix read once an epoch (none cycling, until the last runs out): what
+    ``bench``'s checks read, where a sample read twice is a fault, not a cycle."""
+    once = [dataclasses.replace(e, cycle=False) for e in cfg.data.mix]
+    data = dataclasses.replace(cfg.data, mix=once, epoch_samples=0, mix_until="last")
+    return dataclasses.replace(cfg, data=data)
+
+
 def merge_classes(entries: list[Entry]) -> list[str]:
     """The classes of all entries by name, sorted; each entry's ``labels`` map set. Two names alike but for case,
     spacing or Unicode form are a mistake: one class or two, the user says which."""
@@ -221,6 +229,11 @@ class Mixed:
     entries: list[Entry]
     classes: list[str]
     seed: int
+
+    @classmethod
+    def open(cls, cfg, split: str, task=None, *, rank: int | None = None, world_size: int | None = None):
+        """The mix of ``cfg.data.mix`` (:func:`open_mix`), as ``Source.open`` opens a source."""
+        return open_mix(cfg, split, task, rank=rank, world_size=world_size)
 
     def mix_entries(self, cfg, entries: list[Entry], classes: list[str]) -> None:
         self.entries, self.classes = entries, classes
