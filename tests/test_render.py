@@ -613,6 +613,9 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       project runs what is its own: test_http.py, the sources' contract (every sample once per
       epoch over ranks and workers, equal planned steps, resume from a loader's state, nothing left
       open, the cache), DDP in lockstep and equal steps (its sharding by id is its own), and the CLI.
+    - A mix with a stream among its entries (mix_stream.py) is the same code in the three projects
+      that stream: the SQLite and shards image projects run its tests, its kill -9 under torchrun on
+      shards only.
     - Tests marked `common` (the cache writer, checkpoint files, CLI errors, worker start
       methods, the image crops' own behaviour) depend on neither: they run in the folder image
       project only.
@@ -648,6 +651,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
+    elif source == "sqlite":  # a mix's kill -9 under torchrun (mix_stream.py, the same here) runs on shards
+        selection += ["-k", "not a_mix_of_a_stream_and_a_map_style_source_killed"]
     elif source == "http":  # what is its own; the rest runs over SQLite
         own = ["test_http.py", "test_sources.py", "test_launch.py", "test_bench.py::test_cli_sample_data_bench_train"]
         selection += ["-k", "not kill_9_of_a_rank_restarts_the_group", *(f"tests/{name}" for name in own)]
