@@ -90,6 +90,7 @@ class DataConfig(SourceKeys, FormatConfig, SourceConfig):
         require("data.bad_sample_budget", self.bad_sample_budget, self.bad_sample_budget >= 0, ">= 0")
         require("data.epoch_samples", self.epoch_samples, self.epoch_samples >= 0, ">= 0 (0 = as data.mix_until says)")
         require("data.mix_until", self.mix_until, self.mix_until in ("first", "last"), "first or last")
+        require("data.mix", f"{len(self.mix)} entries", len(self.mix) <= 1000, "at most 1000 entries")
         for i, entry in enumerate(self.mix):
             require(f"data.mix[{i}].root", entry.root, bool(entry.root), "where the entry's data is")
             w = entry.weight

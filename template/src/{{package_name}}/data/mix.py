@@ -309,6 +309,7 @@ class MixSource(Mixed, Source, Dataset):
                 which = draw(sizes, weights, cycles, self.until, self.epoch_samples, rng, self.multiple)
             else:
                 which = np.repeat(np.arange(len(sizes)), sizes)
+            which = which.astype(np.int16)  # a few bytes a sample in every worker: an epoch may be long
             nth = np.zeros(len(which), dtype=np.int64)
             for i in range(len(self.entries)):
                 mask = which == i
@@ -330,11 +331,12 @@ class MixSource(Mixed, Source, Dataset):
         return i, turn, int(self.order(i, turn)[k % size])
 
     def order(self, i: int, turn: int) -> np.ndarray:
-        """Entry ``i``'s order in its pass ``turn`` of this epoch (the latest kept)."""
+        """Entry ``i``'s order in its pass ``turn`` of this epoch (kept until the epoch ends: about 4 bytes a
+        sample of the epoch, as the entries' samples come interleaved)."""
         key = (self.epoch, i, turn)
         if key not in self._orders:
             size = len(self.entries[i].source)
-            self._orders = {key: entry_order(self.seed, self.epoch, i, turn, size)}
+            self._orders[key] = entry_order(self.seed, self.epoch, i, turn, size)
         return self._orders[key]
 
     def __getitem__(self, index: int) -> dict:
@@ -347,7 +349,9 @@ class MixSource(Mixed, Source, Dataset):
 
 def entry_order(seed: int, epoch: int, i: int, turn: int, size: int) -> np.ndarray:
     """The order of a map-style entry's samples in one pass over it: new for each (seed, epoch, entry, pass)."""
-    return np.random.default_rng([seed, epoch, i, turn]).permutation(size)
+    return (
+        np.random.default_rng([seed, epoch, i, turn]).permutation(size).astype(np.int32 if size < 2**31 else np.int64)
+    )
 
 
 class MixSampler(Sampler[int]):
