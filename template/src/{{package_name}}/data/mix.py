@@ -247,9 +247,12 @@ class Mixed:
     def from_entry(self, i: int, turn: int, read) -> dict:
         """``read()``'s sample of entry ``i`` in its pass ``turn`` (the pass seeds its augmentations), its key
         ``<entry>/<key>`` and its target the merged class id."""
-        entry = self.entries[i]
-        entry.source.seed = derived_seed(self.seed, entry.name, turn)  # this process's copy: its own augmentations
-        sample = dict(read())
+        entry, seed = self.entries[i], self.entries[i].source.seed
+        entry.source.seed = derived_seed(self.seed, entry.name, turn)  # this process's copy, for this sample only:
+        try:  # a stream orders itself by its seed too, which must not change with what was decoded before
+            sample = dict(read())
+        finally:
+            entry.source.seed = seed
         sample["key"] = f"{entry.name}/{sample['key']}"
         if "target" in sample:
             sample["target"] = int(entry.labels[sample["target"]])
