@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int | None:
 
     cfg = load_config(args.config, args.overrides)  # every key checked before any work
     if args.command in (brought := commands()):
+        if cfg.data.mix and getattr(args, "to", None) == "cache":  # it would read data.root, not the mix
+            raise UserError("pack --to cache reads one data set, data.root, and a mix is not cached: set data.mix=")
         return brought[args.command].run(cfg, args)
     if args.command == "config":
         from .config import as_markdown, as_yaml

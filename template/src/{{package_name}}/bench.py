@@ -359,10 +359,12 @@ def mix_entries(cfg, mix, chosen: dict, batches: int) -> dict:
     entry with the largest part limits the mix, and ``1 / sum(share / rate)`` is what the entries allow it.
     """
     entries, shares = {}, mix.shares()
+    alone = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, drop_last=False))  # a small one cycles
     for e in mix.entries:
-        loader = _loader(cfg, e.source, num_workers=chosen["num_workers"], prefetch_factor=chosen["prefetch_factor"])
+        loader = _loader(alone, e.source, num_workers=chosen["num_workers"], prefetch_factor=chosen["prefetch_factor"])
         rate = measure(loader, batches)["samples_per_s"]
-        entries[e.name] = {"samples_per_s": rate, "share": round(shares[e.name], 4), "time": shares[e.name] / rate}
+        time_per_sample = shares[e.name] / max(rate, 1e-9)  # a rate of 0: every sample of it bad
+        entries[e.name] = {"samples_per_s": rate, "share": round(shares[e.name], 4), "time": time_per_sample}
         del loader
     total = sum(e["time"] for e in entries.values())
     for e in entries.values():

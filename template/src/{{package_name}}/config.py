@@ -328,6 +328,10 @@ def _merge(conf, layer, where: str):
         return OmegaConf.merge(conf, layer)
     except OmegaConfBaseException as e:
         raise ConfigError(_explain(e, where)) from None
+    except TypeError as e:  # a mapping where a list goes (data.mix), or the reverse
+        raise ConfigError(
+            f"{e}{' ' + where if where else ''}: data.mix is a list, [{{root: ..., weight: ...}}, ...]"
+        ) from None
 
 
 def _read_yaml(path: Path):
@@ -371,6 +375,10 @@ def _explain(e: OmegaConfBaseException, where: str) -> str:
     """One line naming the key, the value and what is expected, from OmegaConf's error."""
     key = getattr(e, "full_key", None) or "?"
     where = f" {where}" if where else ""
+    parent = getattr(e, "parent_node", None)
+    entry_keys = [f.name for f in dataclasses.fields(MixEntry)]
+    if isinstance(e, ConfigKeyError) and "." not in key and parent is not None and "root" in parent:
+        return f"unknown key {key!r} in an entry of data.mix{where} (expected one of: {', '.join(entry_keys)})"
     if isinstance(e, ConfigKeyError):
         section = key.split(".")[0]
         known = [f.name for f in dataclasses.fields(Config)]
@@ -378,7 +386,6 @@ def _explain(e: OmegaConfBaseException, where: str) -> str:
             return f"unknown config section {section!r}{where} (expected one of: {', '.join(known)})"
         keys = [f"{section}.{f.name}" for f in dataclasses.fields(getattr(Config(), section))]
         return f"unknown config key {key}{where} (expected one of: {', '.join(keys)})"
-    parent = getattr(e, "parent_node", None)
-    if "." not in key and key in {f.name for f in dataclasses.fields(MixEntry)} and parent is not None:
+    if "." not in key and key in entry_keys and parent is not None:
         key = f"data.mix entry of root {parent.get('root')!r}: {key}"  # OmegaConf names no list index
     return f"{key}: {str(e).splitlines()[0]}{where}"

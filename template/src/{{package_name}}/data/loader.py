@@ -112,7 +112,8 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
             dataset.check_workers(settings.num_workers)
     elif train:
         own = dataset.train_sampler(rank, world_size) if isinstance(dataset, Source) else None
-        sampler = own or StatefulDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=cfg.train.seed)
+        if (sampler := own) is None:
+            sampler = StatefulDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=cfg.train.seed)
         if (len(sampler) // batch_size if cfg.loader.drop_last else len(sampler)) == 0:
             raise UserError(
                 f"the train split has {len(dataset)} samples: with loader.batch_size={batch_size} x "

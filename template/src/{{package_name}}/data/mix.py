@@ -154,7 +154,7 @@ def read_once(cfg):
 
 def merge_classes(entries: list[Entry]) -> list[str]:
     """The classes of all entries by name, sorted; each entry's ``labels`` map set. Two names alike but for case,
-    spacing or Unicode form are a mistake: one class or two, the user says which."""
+    outer spaces or Unicode form are a mistake: one class or two, the user says which."""
     seen: dict[str, tuple[str, str]] = {}
     for e in entries:
         for name in e.source.classes:
@@ -163,8 +163,8 @@ def merge_classes(entries: list[Entry]) -> list[str]:
             if first[0] != str(name):
                 raise DataError(
                     f"data.mix: class {str(name)!r} of entry {e.name!r} and class {first[0]!r} of entry {first[1]!r} "
-                    "differ only in case, spacing or Unicode form: rename one, to the same name (one class) or "
-                    "another (two classes)"
+                    "differ only in case, leading or trailing spaces or Unicode form: rename one, to the same name "
+                    "(one class) or another (two classes)"
                 )
     classes = sorted({name for name, _ in seen.values()})
     ids = {name: i for i, name in enumerate(classes)}
@@ -197,11 +197,8 @@ def draw(
         p = np.where(live, w, 0.0)
         chunk = rng.choice(k, size=CHUNK if limit is None else min(CHUNK, limit - drawn), p=p / p.sum())
         # the first draw that reads an entry whole: it may end the epoch or the entry's part in it
-        ends = [
-            (int(np.flatnonzero(chunk == i)[n[i] - counts[i] - 1]), i)
-            for i in np.flatnonzero(unread & live)
-            if np.count_nonzero(chunk == i) >= n[i] - counts[i]
-        ]
+        reach = np.flatnonzero(unread & live & (counts + np.bincount(chunk, minlength=k) >= n))
+        ends = [(int(np.flatnonzero(chunk == i)[n[i] - counts[i] - 1]), int(i)) for i in reach]
         at, whole = min(ends) if ends else (len(chunk) - 1, None)
         parts.append(chunk[: at + 1])
         counts += np.bincount(chunk[: at + 1], minlength=k)
@@ -214,6 +211,11 @@ def draw(
         if limit is None and (until == "first" or not unread.any()):
             limit = drawn + (-drawn) % multiple
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def seeds(*parts: int) -> list[int]:
+    """NumPy's seed entropy from ``parts``: non-negative, as it requires (``train.seed`` may be negative)."""
+    return [p % 2**64 for p in parts]
 
 
 def derived_seed(*parts) -> int:
@@ -307,13 +309,13 @@ class MixSource(Mixed, Source, Dataset):
         if self._plan is None or self._plan[0] != epoch:
             sizes = [len(e.source) for e in self.entries]
             if self.split == "train":
-                rng = np.random.default_rng([self.seed, epoch, 0x6D6978])
+                rng = np.random.default_rng(seeds(self.seed, epoch, 0x6D6978))
                 weights, cycles = [e.weight for e in self.entries], [e.cycle for e in self.entries]
                 which = draw(sizes, weights, cycles, self.until, self.epoch_samples, rng, self.multiple)
             else:
                 which = np.repeat(np.arange(len(sizes)), sizes)
-            which = which.astype(np.int16)  # a few bytes a sample in every worker: an epoch may be long
-            nth = np.zeros(len(which), dtype=np.int64)
+            which = which.astype(np.int16)  # 6 bytes a sample of the epoch, in each process (drawn in each)
+            nth = np.zeros(len(which), dtype=np.int32 if len(which) < 2**31 else np.int64)
             for i in range(len(self.entries)):
                 mask = which == i
                 nth[mask] = np.arange(np.count_nonzero(mask))
@@ -352,9 +354,8 @@ class MixSource(Mixed, Source, Dataset):
 
 def entry_order(seed: int, epoch: int, i: int, turn: int, size: int) -> np.ndarray:
     """The order of a map-style entry's samples in one pass over it: new for each (seed, epoch, entry, pass)."""
-    return (
-        np.random.default_rng([seed, epoch, i, turn]).permutation(size).astype(np.int32 if size < 2**31 else np.int64)
-    )
+    order = np.random.default_rng(seeds(seed, epoch, i, turn)).permutation(size)
+    return order.astype(np.int32) if size < 2**31 else order
 
 
 class MixSampler(Sampler[int]):
