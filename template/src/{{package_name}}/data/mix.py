@@ -96,7 +96,7 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
         if issubclass(cls, IterableDataset) and not hasattr(cls, "rows"):
             raise UserError(
                 f"{what}: {cls.__name__} is an IterableDataset that gives no rows(): a mix reads map-style sources "
-                "(__len__ and __getitem__) and streams of data/iterable.py's IterableSource"
+                "(__len__ and __getitem__) and the streams whose rows() a mix can draw from (data/mix_stream.py)"
             )
         keys = {"root": spec.root, "source": spec.source or cfg.data.source, "mix": []}
         if hasattr(cfg.data, "num_classes"):
