@@ -123,15 +123,14 @@ def open_mix(cfg, split: str, task=None, *, rank: int | None = None, world_size:
             "(set data.num_classes=0 to use them)"
         )
     shapes = {}
-    for e in entries:  # each entry's first samples decode with the task, to one sample shape
+    for e in reversed(entries):  # each entry's first samples decode with the task; the first entry's set it last
         task.prepare(e.source.peek(16), where=f"data.mix entry {e.name!r} ({e.root})", num_classes=len(classes))
         shapes[e.name] = tuple(task.sample_shape)
     if len(set(shapes.values())) > 1:
-        listing = ", ".join(f"{name}: {shape}" for name, shape in shapes.items())
+        listing = ", ".join(f"{e.name}: {shapes[e.name]}" for e in entries)
         raise DataError(
             f"the entries of data.mix decode to samples of different shapes ({listing}): one format for all"
         )
-    task.prepare(entries[0].source.peek(16), where=f"data.mix entry {entries[0].name!r}", num_classes=len(classes))
     batch = cfg.loader.batch_size if cfg.loader.drop_last else 1
     if any(isinstance(e.source, IterableDataset) for e in entries):  # a stream among them: the mix streams too
         from .mix_stream import MixStream
