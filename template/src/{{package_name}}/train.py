@@ -23,7 +23,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,10 @@ from . import dist, project
 from .checkpoint import CHECKPOINT, Progress, find_checkpoint, resume, run_dir_lock, save
 from .compute import Compute, FiniteGuard, learning_rate, make_optimizer, set_learning_rate, setup_compute, train_step
 from .data import build_dataset, build_loader, set_epoch
-from .data.mix import entry_counts
+from .data.mix import entry_counts, entry_metrics
 from .data.settings import loader_settings
 from .data.source import BadSampleBudget
+from .data_wait import DataWait, WaitWarnings, by_rank, own_carried_wait
 from .errors import DataError, UserError, WorkerLost
 from .loggers import Loggers, make_loggers
 from .model import build_model
@@ -46,9 +47,6 @@ from .stopping import StopOnSignal, Stopped
 
 log = logging.getLogger(__name__)
 NO_LOGGERS = Loggers([])
-DATA_WAIT_WARN = 0.10  # warn (once a run) when training waits for data longer than this share of an epoch
-DATA_WAIT_MIN_S = 2.0  # ... and longer than this in all (a tiny epoch's first batches say nothing)
-RANK_WAIT_RATIO = 3.0  # warn (once a run) when a rank waits for data this many times the others' median, or more
 
 
 def main(cfg) -> list[dict]:
@@ -114,7 +112,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
     """The epochs from ``progress`` on: train, evaluate, checkpoint, log; returns each epoch's metrics."""
     compute, budget, loggers, stop, checkpoint = run.compute, run.budget, run.loggers, run.stop, run.checkpoint
     device = compute.device
-    history, warned_wait, warned_rank = [], False, False
+    history, warnings = [], WaitWarnings()
     for epoch in range(progress.epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
@@ -126,7 +124,6 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
         val_stats = evaluate(model, task, val_loader, compute, budget, cfg.train.max_batches)
         progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
-        wait_frac = train_stats["data_wait_s"] / max(train_stats["seconds"], 1e-9)
         metrics = {
             "epoch": epoch,
             "step": progress.step,
@@ -138,41 +135,12 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
             "seconds": round(time.perf_counter() - start, 3),
             "samples_per_s": round(train_stats["samples_per_s"], 1),
-            "data_wait_s": round(train_stats["data_wait_s"], 3),  # training waited for the loader
-            "data_wait_frac": round(wait_frac, 3),
-            "data_wait_s_by_rank": [round(w, 3) for w in train_stats["data_wait_by_rank"]],
-            **slowest_rank(train_stats["data_wait_by_rank"], train_stats["seconds"]),
+            **by_rank(train_stats["waits"], train_stats["seconds"]),  # how long training waited for the loader
             "world_size": dist.get_world_size(),
-            **mix_metrics(train_loader.dataset, train_stats["entries"]),
+            **entry_metrics(train_loader.dataset, train_stats["entries"]),
         }
         history.append(metrics)
-        lagging = lagging_rank(train_stats["data_wait_by_rank"])
-        if lagging and not warned_rank and dist.is_main_process():
-            warned_rank = True
-            log.warning(
-                "rank %d waited %.1f s for data in epoch %d, %.1fx the other ranks' median (%.1f s), and every "
-                "rank steps at its pace: its loader is slower than theirs. Likely causes: less data to read in "
-                "parallel there (fewer pieces of the data than it has workers), a slower disk or mount on its "
-                "node, fewer CPUs for its workers, or other jobs on that node",
-                lagging[0],
-                lagging[1],
-                epoch,
-                lagging[1] / max(lagging[2], 1e-9),
-                lagging[2],
-            )
-        slow = wait_frac > DATA_WAIT_WARN and train_stats["data_wait_s"] >= DATA_WAIT_MIN_S
-        if slow and not warned_wait and dist.is_main_process():
-            warned_wait = True
-            log.warning(
-                "training waited for data %.0f%% of epoch %d (%.1f s): the loader does not keep up. Run `python -m "
-                "%s bench` here to re-tune loader.* (the settings may have been measured on another machine or "
-                "under less load); if its stall stays high, decoding and augmentation need more CPUs than this "
-                "machine gives each process",
-                100 * wait_frac,
-                epoch,
-                train_stats["data_wait_s"],
-                project.PACKAGE,
-            )
+        warnings.epoch(epoch, train_stats["waits"], train_stats["seconds"])
         if dist.is_main_process():  # the epoch's line first: a checkpoint that finds the disk full keeps it
             loggers.log_epoch(epoch, progress.step, metrics)
             log.info(
@@ -326,8 +294,6 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     waits, by_entry = totals[2 : 2 + len(waits)], totals[2 + len(waits) :]
     seconds = time.perf_counter() - start
     loss = loss_total / max(samples_total, 1)
-    data_wait = sum(waits) / dist.get_world_size()  # the ranks' mean
-    # the rate after the first batch, which waits for the workers to start: a smoke run's few batches too
     # the rate of this process's part of the epoch after its first batch, which waits for the workers to
     # start (a smoke run's few batches too; an epoch resumed midway: its part after the resume)
     after = samples_total - carried.get("samples", 0) - wait.first
@@ -336,87 +302,10 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
         "loss": loss,
         "samples": int(samples_total),
         "seconds": seconds,
-        "data_wait_s": data_wait,
-        "data_wait_by_rank": waits,
+        "waits": waits,  # each rank's seconds waiting for data
         "samples_per_s": rate,
         "entries": dict(zip(names, map(int, by_entry), strict=True)),
     }
-
-
-def mix_metrics(dataset, counts: dict[str, int]) -> dict:
-    """A mix's samples of each entry in the epoch, their shares, and the shares its weights asked for."""
-    if not counts:
-        return {}
-    total = max(sum(counts.values()), 1)
-    return {
-        "entry_samples": counts,
-        "entry_share": {name: round(n / total, 4) for name, n in counts.items()},
-        "entry_share_asked": {name: round(share, 4) for name, share in dataset.shares().items()},
-    }
-
-
-def own_carried_wait(partial: dict | None) -> float:
-    """This rank's data wait in its epoch before a resume: its own where the checkpoint kept each
-    rank's with as many ranks as now, else an equal share of the ranks' sum.
-
-    >>> own_carried_wait({"wait_by_rank": [2.5], "wait_s": 2.5}), own_carried_wait({"wait_s": 3.0})
-    (2.5, 3.0)
-    """
-    by_rank = (partial or {}).get("wait_by_rank")
-    if by_rank and len(by_rank) == dist.get_world_size():
-        return by_rank[dist.get_rank()]
-    return (partial or {}).get("wait_s", 0.0) / dist.get_world_size()
-
-
-def slowest_rank(waits: list[float], seconds: float) -> dict:
-    """Which rank waited longest for data in an epoch, and for what share of the epoch's seconds."""
-    rank = max(range(len(waits)), key=waits.__getitem__)
-    return {"slowest_rank": rank, "slowest_rank_wait_frac": round(waits[rank] / max(seconds, 1e-9), 3)}
-
-
-def lagging_rank(waits: list[float]) -> tuple[int, float, float] | None:
-    """``(rank, its wait, the other ranks' median)`` when one rank waited for data at least
-    ``RANK_WAIT_RATIO`` times the others' median and ``DATA_WAIT_MIN_S`` longer; else ``None``.
-
-    >>> lagging_rank([1.0, 9.0, 1.2, 0.8])
-    (1, 9.0, 1.0)
-    >>> lagging_rank([1.0, 2.5]) is None
-    True
-    """
-    if len(waits) < 2:
-        return None
-    rank = max(range(len(waits)), key=waits.__getitem__)
-    others = float(np.median([w for r, w in enumerate(waits) if r != rank]))
-    if waits[rank] >= RANK_WAIT_RATIO * others and waits[rank] - others >= DATA_WAIT_MIN_S:
-        return rank, waits[rank], others
-    return None
-
-
-class DataWait:
-    """Seconds the loop waited for its next batch: host time spent in the loader's ``next()``.
-
-    No device sync is needed: a loader that keeps up has the next batch ready when the loop asks
-    for it. The epoch's first batch, which waits for the workers to start, is left out.
-    """
-
-    def __init__(self, seconds: float = 0.0) -> None:
-        self.seconds = seconds  # what the epoch waited before a resume, if it was resumed
-        self.batches = 0
-        self.first, self.first_at = 0, 0.0  # the first batch's samples (all ranks') and when it came
-
-    def timed(self, batches: Iterable[dict]) -> Iterator[dict]:
-        it = iter(batches)
-        while True:
-            started = time.perf_counter()
-            batch = next(it, None)
-            if self.batches:
-                self.seconds += time.perf_counter() - started
-            elif batch is not None:
-                self.first, self.first_at = len(batch["key"]) * dist.get_world_size(), time.perf_counter()
-            if batch is None:
-                return
-            self.batches += 1
-            yield batch
 
 
 def even_batches(batches, planned: int | None):

@@ -382,3 +382,16 @@ def entry_counts(keys: list[str], names: list[str]) -> list[int]:
     """
     counted = Counter(key.partition("/")[0] for key in keys)
     return [counted.get(name, 0) for name in names]
+
+
+def entry_metrics(dataset, counts: dict[str, int]) -> dict:
+    """An epoch's metrics of a mix: each entry's samples, their shares, and the shares its weights asked for
+    (none without a mix: ``counts`` empty)."""
+    if not counts:
+        return {}
+    total = max(sum(counts.values()), 1)
+    return {
+        "entry_samples": counts,
+        "entry_share": {name: round(n / total, 4) for name, n in counts.items()},
+        "entry_share_asked": {name: round(share, 4) for name, share in dataset.shares().items()},
+    }
