@@ -70,6 +70,19 @@ FORMAT_SOURCES = {"tensor": {"folder", "sqlite"}, "sequence": {"folder", "shards
 # and the sources' contract, DDP in lockstep (its split by row group), and the CLI; the rest of the
 # iterable source (iterable.py) runs in the SQLite and shards projects.
 PARQUET_OWN = ["test_parquet.py", "test_sources.py", "test_bench.py::test_cli_sample_data_bench_train"]
+# What the shards image project runs: its own reading (tar shards from a folder, HTTP or a bucket), the
+# sources' contract, DDP in lockstep and equal steps (its split by shard), a mix with a stream, the
+# launcher's faults it hosts (test_rendered_project_tests_pass) and the CLI; the rest of the iterable
+# source (iterable.py: epochs, resume, batches, bad rows) runs over SQLite, whose project runs it all.
+SHARDS_OWN = [
+    "test_shards.py",
+    "test_s3.py",
+    "test_sources.py",
+    "test_launch.py",
+    "test_mix_stream.py",
+    "test_sample_data.py",
+    "test_bench.py::test_cli_sample_data_bench_train",
+]
 
 
 def _combinations() -> list:
@@ -588,7 +601,7 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
 
     What each project runs is what can differ in it:
 
-    - The faults under `launch` (kill -9 and restart, SIGTERM, a stopped rank, two nodes, 200
+    - The faults under `launch` (kill -9 and restart, SIGTERM, a stopped rank, two nodes, 100
       epochs) do not depend on the format, and but for the restart's resume not on the source:
       they run once, spread over the folder and shards image projects (the kill -9 restart:
       below). Where a real Slurm runs here, test_slurm.py kills a rank on either of two nodes under it, and the
@@ -608,11 +621,12 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       (PARQUET_OWN: each format's column, the sources' contract, the CLI; in the image project DDP
       in lockstep and equal steps, its split by row group being its own, and the files from a
       bucket, test_parquet_s3.py, whose reads do not depend on the format).
-    - The two streamed sources share the iterable source (iterable.py: epochs, resume, batches, bad
-      rows) and everything above it: the SQLite project runs the whole suite over it; the HTTP
-      project runs what is its own: test_http.py, the sources' contract (every sample once per
-      epoch over ranks and workers, equal planned steps, resume from a loader's state, nothing left
-      open, the cache), DDP in lockstep and equal steps (its sharding by id is its own), and the CLI.
+    - The two streamed sources and the shards share the iterable source (iterable.py: epochs, resume,
+      batches, bad rows) and everything above it: the SQLite project runs the whole suite over it;
+      the shards project runs what is its own (SHARDS_OWN); the HTTP project too: test_http.py, the
+      sources' contract (every sample once per epoch over ranks and workers, equal planned steps,
+      resume from a loader's state, nothing left open, the cache), DDP in lockstep and equal steps
+      (its sharding by id is its own), and the CLI.
     - A mix with a stream among its entries (mix_stream.py) is the same code in the three projects
       that stream: the SQLite and shards image projects run its tests, its kill -9 under torchrun on
       shards only.
@@ -647,10 +661,11 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     elif source == "folder":  # the launcher's faults, spread over two projects to even out the time
         two_nodes_kill = " and not one_of_two_nodes" if slurm_unavailable() is None else ""
         # its fast tests run with a user's changes (test_users_changes.py)
-        selection = ["-m", "slow", "-k", f"not 200_short{two_nodes_kill}"]
+        selection = ["-m", "slow", "-k", f"not short_ddp_epochs{two_nodes_kill}"]
     elif source == "shards":
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
+        selection += [f"tests/{name}" for name in SHARDS_OWN]
     elif source == "sqlite":  # a mix's kill -9 under torchrun (mix_stream.py, the same here) runs on shards
         selection += ["-k", "not a_mix_of_a_stream_and_a_map_style_source_killed"]
     elif source == "http":  # what is its own; the rest runs over SQLite
