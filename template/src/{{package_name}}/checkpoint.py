@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import random
@@ -27,7 +26,7 @@ import torch
 
 from . import dist
 from .data.source import Source, data_settings
-from .errors import DiskFull, UserError, is_disk_full
+from .errors import DiskFull, UserError, held_alone, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -172,24 +171,10 @@ def _sentence(text: str, most: int = 240) -> str:
 
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir/.lock`` while a run writes there: a second run in the same folder stops at once.
-
-    The lock is the operating system's (``flock``): it goes with the process, even on kill -9.
-    """
+    """Hold ``run_dir/.lock`` while a run writes there: a second run in the same folder stops at once."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a+", encoding="utf-8") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise UserError(
-                f"{run_dir} is in use by another train ({holder}): wait for it, or pass another train.run_dir"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
+    busy = f"{run_dir} is in use by another train"
+    with held_alone(run_dir / ".lock", busy, "wait for it, or pass another train.run_dir"):
         remove_temporaries(run_dir)
         yield
 

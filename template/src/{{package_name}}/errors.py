@@ -8,11 +8,14 @@ Tracebacks are for bugs; ``--debug`` shows one for these too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import functools
 import inspect
 import os
 import signal
+from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -56,6 +59,23 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota,
 def is_disk_full(e: BaseException) -> bool:
     """Whether ``e`` is a write that failed for want of space (or past a file-size limit)."""
     return isinstance(e, OSError) and e.errno in FULL_ERRNOS
+
+
+@contextlib.contextmanager
+def held_alone(path: str | os.PathLike, what: str, fix: str) -> Iterator[None]:
+    """Hold the lock file ``path`` (``flock``: it goes with the process, even on kill -9), this process's
+    pid written in it; held by another process, it is one :class:`UserError`, ``"<what> (pid N): <fix>"``."""
+    with open(path, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(f"{what} ({f.read().strip() or 'another process'}): {fix}") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        yield
 
 
 def require(key: str, value: object, ok: bool, expected: str) -> None:

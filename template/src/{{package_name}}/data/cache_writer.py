@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from .. import dist
-from ..errors import DataError, DiskFull, UserError, is_disk_full
+from ..errors import DataError, DiskFull, UserError, held_alone, is_disk_full
 from ..task import Task
 from .cache import FORMAT, LOCK, META, PEEK, SPLITS, WRITTEN_BY, NotACache, read_meta
 from .loader import worker_context
@@ -73,7 +72,8 @@ def pack_cache(
     # settings cuts the files back to that point and continues from the cursor.
     """
     os.makedirs(out, exist_ok=True)
-    with _writer_lock(out):
+    busy = f"another pack is writing the cache at {out}"
+    with held_alone(os.path.join(out, LOCK), busy, "wait for it to end, or pass another --out"):
         sources = {s: source_class(cfg.data, s, Task(cfg.data, s), seed=cfg.train.seed) for s in SPLITS}
         identity = {split: source.identity() for split, source in sources.items()}
         try:
@@ -92,25 +92,6 @@ def pack_cache(
     if again != identity:
         raise DataError(f"{cfg.data.root} changed while it was packed; pack again with --force")
     return meta
-
-
-@contextlib.contextmanager
-def _writer_lock(out: str) -> Iterator[None]:
-    """Hold ``out/.pack.lock``: a second pack into ``out`` stops at once, naming the first."""
-    with open(os.path.join(out, LOCK), "a+", encoding="utf-8") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise UserError(
-                f"another pack is writing the cache at {out} ({holder}): wait for it to end, or pass another --out"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
-        yield
 
 
 def _full(e: OSError, out: str) -> str:
