@@ -112,7 +112,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
     """The epochs from ``progress`` on: train, evaluate, checkpoint, log; returns each epoch's metrics."""
     compute, budget, loggers, stop, checkpoint = run.compute, run.budget, run.loggers, run.stop, run.checkpoint
     device = compute.device
-    history, warnings = [], WaitWarnings()
+    history, wait_warnings = [], WaitWarnings()
     for epoch in range(progress.epoch, cfg.train.epochs):
         start = time.perf_counter()
         set_epoch(train_loader, epoch)
@@ -140,7 +140,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             **entry_metrics(train_loader.dataset, train_stats["entries"]),
         }
         history.append(metrics)
-        warnings.epoch(epoch, train_stats["waits"], train_stats["seconds"])
+        wait_warnings.epoch(epoch, train_stats["waits"], train_stats["seconds"])
         if dist.is_main_process():  # the epoch's line first: a checkpoint that finds the disk full keeps it
             loggers.log_epoch(epoch, progress.step, metrics)
             log.info(
