@@ -2,10 +2,10 @@
 # metric are task.py; your settings configs/default.yaml (README.md: "Which files are yours").
 """How long training waited for its data, on each rank, and the warnings when that is too long.
 
-    wait = DataWait()
+    wait, wait_warnings = DataWait(), WaitWarnings()
     for batch in wait.timed(loader): ...          # wait.seconds: this rank's wait in the epoch
     metrics |= by_rank(waits, seconds)            # waits: every rank's, summed over the ranks
-    warnings.epoch(epoch, waits, seconds)         # once a run: a loader that does not keep up, a rank that lags
+    wait_warnings.epoch(epoch, waits, seconds)    # once a run: a loader that does not keep up, a rank that lags
 
 A loader that keeps up has the next batch ready when the loop asks for it: the wait is host time
 spent in the loader's ``next()``, with no device sync.
