@@ -614,9 +614,10 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
       carries a sample's bytes by the task's file extensions, so each format runs on the folder
       source and on one iterable source (FORMAT_SOURCES).
     - The kill -9 restart resumes the source from its checkpoint, as the fast suite's crash and
-      resume tests do in one process for every source and format: it runs on the folder and
-      SQLite image projects (the HTTP source resumes as SQLite's: iterable.py); the shards
-      project's kill -9 is test_s3's, a SIGKILL mid-download resumed to the same samples and weights.
+      resume tests do in one process for every source and format: it runs on the folder image
+      project. An iterable source (iterable.py: SQLite, HTTP, the shards) killed under torchrun
+      resumes in the shards project (mix_stream.py's kill -9 of a mix with a stream among its
+      entries), and test_s3's kill -9 mid-download resumes to the same samples and weights.
     - The Parquet source reads through the iterable source too: its projects run what is their own
       (PARQUET_OWN: each format's column, the sources' contract, the CLI; in the image project DDP
       in lockstep and equal steps, its split by row group being its own, and the files from a
@@ -666,8 +667,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
         selection += [f"tests/{name}" for name in SHARDS_OWN]
-    elif source == "sqlite":  # a mix's kill -9 under torchrun (mix_stream.py, the same here) runs on shards
-        selection += ["-k", "not a_mix_of_a_stream_and_a_map_style_source_killed"]
+    elif source == "sqlite":  # the kill -9s under torchrun run on folder and shards (see above)
+        selection += ["-k", "not (a_mix_of_a_stream_and_a_map_style_source_killed or kill_9_of_a_rank_restarts)"]
     elif source == "http":  # what is its own; the rest runs over SQLite
         own = ["test_http.py", "test_sources.py", "test_launch.py", "test_bench.py::test_cli_sample_data_bench_train"]
         selection += ["-k", "not kill_9_of_a_rank_restarts_the_group", *(f"tests/{name}" for name in own)]
