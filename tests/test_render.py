@@ -616,8 +616,8 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
     - The kill -9 restart resumes the source from its checkpoint, as the fast suite's crash and
       resume tests do in one process for every source and format: it runs on the folder image
       project. An iterable source (iterable.py: SQLite, HTTP, the shards) killed under torchrun
-      resumes in the shards project (mix_stream.py's kill -9 of a mix with a stream among its
-      entries), and test_s3's kill -9 mid-download resumes to the same samples and weights.
+      resumes, as an entry of a mix, in the shards project (mix_stream.py's kill -9 of a mix with a
+      stream among its entries), and test_s3's kill -9 mid-download resumes to the same samples and weights.
     - The Parquet source reads through the iterable source too: its projects run what is their own
       (PARQUET_OWN: each format's column, the sources' contract, the CLI; in the image project DDP
       in lockstep and equal steps, its split by row group being its own, and the files from a

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import importlib.util
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -277,11 +278,12 @@ def _deadline(seconds: float):
 
 # --- workers -----------------------------------------------------------------------------------
 METHODS = ("forkserver", "spawn")
-# What the forkserver imports once, so that a worker forked from it imports nothing to unpickle its source
-# (tests/test_sources.py). Each import it missed, each worker paid: OmegaConf's took 0.15 s here.
+# What the forkserver imports once, so that a worker forked from it imports none of the project's modules
+# to unpickle its source (tests/test_sources.py). Each import it missed, each worker paid: OmegaConf's took
+# 0.15 s here. Your task.py, model.py (the config reads ModelConfig) and sources.py are imported there too.
 PRELOAD = [
     f"{__package__}.loader",  # the data stack
-    f"{project.PACKAGE}{project_source.CLASS.partition(':')[0]}",  # the project's source
+    importlib.util.resolve_name(project_source.CLASS.partition(":")[0], project.PACKAGE),  # the project's source
     f"{project.PACKAGE}.config",  # the cfg a source holds
     "multiprocessing.sharedctypes",  # a source's epoch, in shared memory (data/source.py)
 ]
@@ -307,8 +309,9 @@ def worker_context(method: str = "auto"):
     # A worker forked from the training process copies every lock that process holds at that
     # moment, and it runs threads (gloo's, tqdm's, the pin-memory thread): a lock held by one of
     # them is copied locked, and the worker hangs before its first line. A forkserver is a
-    # single-threaded process that imports the data stack once; each worker is forked from it and
-    # gets its dataset by pickling (so a source holds paths and arrays, no open handle). It finds
+    # single-threaded process that imports the data stack once (PRELOAD: your task.py and model.py
+    # too, so they start no thread and touch no GPU as they are imported); each worker is forked from
+    # it and gets its dataset by pickling (so a source holds paths and arrays, no open handle). It finds
     # this package as a plain `python` would, so the folder holding it goes on PYTHONPATH. spawn
     # starts a fresh interpreter per worker: as safe, slower to start. fork is never used.
     # A signal sent to a rank's process group (torchrun's, Slurm's, Ctrl-C) stops the rank alone,
