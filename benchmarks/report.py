@@ -68,9 +68,14 @@ def markdown(result: dict) -> str:
         text += [
             "",
             f"A row marked *(before: {ref})* runs the default folder image project (num_gpus 0) rendered from the "
-            f"baseline commit {ref} on the same data, with that version's defaults (its batch pool on, crops written "
-            "into the pool's blocks, PIL's reduced-scale JPEG decode); its cache is packed by its own `pack --to "
-            "cache`. *x before* is a rendered row against the baseline's same row, within each round. "
+            f"baseline commit {ref} on the same data, with that version's defaults"
+            + (
+                " (its batch pool on, crops written into the pool's blocks, PIL's reduced-scale JPEG decode)"
+                if ref == BASELINE
+                else ""
+            )
+            + "; its cache is packed by its own `pack --to cache`. *x before* is a rendered row against the "
+            "baseline's same row, within each round. "
             "*(before)* alone, as in torchvision's crop, means before `crops.RandomResizedCropFlip`.",
         ]
     if other:
