@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 
 from . import dist, project
 from .errors import Stalled, UserError, is_disk_full
@@ -30,13 +31,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="e.g. train.epochs=5")
 
 
-def parser() -> argparse.ArgumentParser:
-    from .data import commands
+def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of ``argv``. Of the commands the data source brings, the one ``argv`` runs gets its arguments
+    (its module imported now); the others are named: ``--help``, and a mistake in the config, need no data code."""
+    from .data import command, commands
 
     p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name, command in commands().items():  # what this project's data source brings: sample-data, ...
-        command.add_arguments(s := sub.add_parser(name, help=command.HELP))
+    for name, text in commands().items():  # what this project's data source brings: sample-data, pack
+        s = sub.add_parser(name, help=text)
+        if name in argv[:1]:
+            command(name).add_arguments(s)
         _common(s)
     b = sub.add_parser("bench", help="benchmark the loader and write configs/tuned.yaml")
     b.add_argument("--quick", action="store_true", help="a few seconds (what `train` runs when needed)")
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch_main(argv[1:], parser)
     try:
-        args = parser().parse_args(argv)
+        args = parser(argv).parse_args(argv)
         return run(args) or 0
     except UserError as e:
         if "--debug" in argv:
@@ -98,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int | None:
     from .config import load_config
-    from .data import commands
+    from .data import command, commands
 
     cfg = load_config(args.config, args.overrides)  # every key checked before any work
-    if args.command in (brought := commands()):
+    if args.command in commands():
         if cfg.data.mix and getattr(args, "to", None) == "cache":  # it would read data.root, not the mix
             raise UserError("pack --to cache reads one data set, data.root, and a mix is not cached: set data.mix=")
-        return brought[args.command].run(cfg, args)
+        return command(args.command).run(cfg, args)
     if args.command == "config":
         from .config import as_markdown, as_yaml
 

@@ -104,14 +104,14 @@ def check(command: list[str], world_size: int, command_parser, processes: int = 
     a training loader for ``world_size`` processes (without its workers), and the loaders' use of
     /dev/shm by the ``processes`` of this node (bench's: its cheapest setting with workers).
 
-    ``command_parser()`` is the command line's parser (``__main__.parser``, handed down: this module
+    ``command_parser(command)`` is the command line's parser (``__main__.parser``, handed down: this module
     never imports the one above it).
     """
     from .config import load_config
     from .data import build_dataset, build_loader
     from .data.settings import LoaderSettings, loader_settings, plan_shm
 
-    args = command_parser().parse_args(command)
+    args = command_parser(command).parse_args(command)
     cfg = load_config(args.config, args.overrides)
     train, val = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
     build_loader(train, cfg, "train", LoaderSettings(num_workers=0), rank=0, world_size=world_size)
@@ -123,7 +123,7 @@ def check(command: list[str], world_size: int, command_parser, processes: int = 
 
 
 def main(argv: list[str], command_parser) -> int:
-    """``launch [torchrun options] -- <command>``; ``command_parser()`` parses ``<command>`` (``__main__.parser``)."""
+    """``launch [torchrun options] -- <command>``; ``command_parser(command)`` parses it (``__main__.parser``)."""
     options, command = split_argv(argv)
     args = parser().parse_args(options)
     try:

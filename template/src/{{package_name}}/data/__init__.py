@@ -80,9 +80,15 @@ def build_dataset(cfg, split: str, task=None, *, rank: int | None = None, world_
     return cls.open(cfg, split, task, rank=rank, world_size=world_size)
 
 
-def commands() -> dict:
-    """The commands this project's source brings to ``python -m <package>`` (besides bench, train and launch)."""
-    return {name: importlib.import_module(f".{module}", __name__) for name, module in project_source.COMMANDS.items()}
+def commands() -> dict[str, str]:
+    """The commands this project's source brings to ``python -m <package>`` (besides bench, train and launch):
+    name -> its line in ``--help``."""
+    return {name: text for name, (_, text) in project_source.COMMANDS.items()}
+
+
+def command(name: str):
+    """The module of the command ``name`` (``add_arguments(parser)`` and ``run(cfg, args)``), imported now."""
+    return importlib.import_module(f".{project_source.COMMANDS[name][0]}", __name__)
 
 
 def __getattr__(name: str):
@@ -93,4 +99,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["build_dataset", "build_loader", "commands", "registry", "set_epoch", "source_class"]
+__all__ = ["build_dataset", "build_loader", "command", "commands", "registry", "set_epoch", "source_class"]

@@ -24,8 +24,6 @@ from .marker import claim, mark
 from .source import Sample
 from .synthetic import CLASSES, generate
 
-HELP = "write a small learnable synthetic dataset to data.root"
-
 
 def add_arguments(p: argparse.ArgumentParser, out: str | None = None) -> None:
     where = f"default: {out}" if out else "default: data.root"
