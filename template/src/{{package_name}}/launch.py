@@ -13,13 +13,15 @@ Before torchrun starts, the command's config and data are checked as ``train`` w
 a mistake (a bad key, a missing data folder) is one ``error:`` line and exit code 2, on each
 node, instead of a crash that torchrun would restart ``--max-restarts`` times. torchrun gets a
 store of its own for each rendezvous round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so a
-group restarted after a rank died meets again on every node (dist.py's NOTE).
+group restarted after a rank died meets again on every node (dist.py's NOTE). A signal that stops
+the ranks ends launch with 128 + its number, as it ends train.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 import torch
@@ -142,7 +144,29 @@ def main(argv: list[str], command_parser) -> int:
         return 2
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # a store per rendezvous round (see above)
     print("+ " + " ".join(cmd), flush=True)
-    # torchrun takes this process's place (same pid): a SIGTERM from a scheduler or a Ctrl-C
-    # reaches torchrun itself, which stops every rank it started. A parent that only waited
-    # would die of the SIGTERM and leave torchrun and the ranks running.
-    os.execv(cmd[0], cmd)
+    return torchrun(cmd[3:])
+
+
+def torchrun(args: list[str]) -> int:
+    """Run torchrun in this process (its entry point, ``torch.distributed.run.main``); its exit status.
+
+    # NOTE [ torchrun runs in launch's process ]
+    # A SIGTERM from a scheduler or a Ctrl-C reaches torchrun itself, which passes it to every rank
+    # it started and waits for them: they stop after a step with a checkpoint (stopping.py). A parent
+    # that only waited would die of the SIGTERM and leave torchrun and the ranks running. torchrun
+    # then raises the signal as an exception, a traceback of its own internals: launch exits with
+    # 128 + the signal instead, as train does, and a failed rank's summary is said without one.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(args)
+    except SignalException as e:
+        print(f"{project.PACKAGE} launch: stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
+        return 128 + e.sigval
+    except ChildFailedError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0

@@ -4,7 +4,7 @@
 
     SIGTERM   (a scheduler's preemption, `scancel`, Kubernetes before its grace period ends, `kill`)
     SIGUSR1   (Slurm's warning before the time limit: `#SBATCH --signal=USR1@120`)
-    SIGINT    (Ctrl-C; a second Ctrl-C stops at once, without a checkpoint)
+    SIGINT    (Ctrl-C; a second Ctrl-C, a moment later, stops at once, without a checkpoint)
 
 ``train`` then exits with 128 + the signal's number: 143, 138 or 130. Running the same command
 again resumes at the step after the last one trained: none repeated, none skipped.
@@ -24,12 +24,16 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 from . import dist
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# A SIGINT this soon after the first is the same Ctrl-C: the terminal sends it to the process group,
+# and a wrapper in that group (`timeout`, `uv run`, a shell script's trap) passes it on once more.
+SAME_CTRL_C_S = 0.5
 
 
 class Stopped(Exception):
@@ -47,6 +51,7 @@ class StopOnSignal:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
+        self._first_at = 0.0  # when the first signal came (time.monotonic)
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
@@ -59,10 +64,11 @@ class StopOnSignal:
         self._previous = {}
 
     def _note(self, signum: int, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
         if self.signum is None:
             log.warning("%s: the run stops after this step and writes its checkpoint", signal.Signals(signum).name)
+            self._first_at = time.monotonic()
+        elif signum == signal.SIGINT and time.monotonic() - self._first_at > SAME_CTRL_C_S:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.signum = signum
 
     def agreed(self) -> int | None:
