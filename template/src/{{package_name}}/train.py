@@ -38,7 +38,7 @@ from .compute import Compute, FiniteGuard, learning_rate, make_optimizer, set_le
 from .data import build_dataset, build_loader, set_epoch
 from .data.mix import entry_counts, entry_metrics
 from .data.settings import loader_settings
-from .data.source import BadSampleBudget
+from .data.source import BadSampleBudget, generators_kept
 from .data_wait import DataWait, WaitWarnings, by_rank, own_carried_wait
 from .errors import DataError, UserError, WorkerLost
 from .loggers import Loggers, make_loggers
@@ -208,7 +208,7 @@ class Run:
 
     cfg: Any
     model: torch.nn.Module  # what trains: DDP-wrapped when distributed
-    task: Any  # the objective: task.loss, task.metric (task.py)
+    task: Any  # the objective: task.loss, task.correct (task.py)
     optimizer: torch.optim.Optimizer
     compute: Compute  # the device, precision and loss scaling
     budget: BadSampleBudget
@@ -368,13 +368,12 @@ def spare_batch(dataset, task) -> dict:
     not touched.
     """
     good = []
-    for data in dataset.peek(16):
-        try:
-            good.append({"input": task(data), "target": 0, "key": "(stand-in)"})
-        except Exception:  # a bad sample: the next one may do
-            continue
-        if len(good) == 2:
-            return task.collate(good)
+    with generators_kept():  # the model's random numbers run on as in a run that needs no stand-in
+        for data in dataset.peek(16):
+            with contextlib.suppress(Exception):  # a bad sample: the next one may do
+                good.append({"input": task(data), "target": 0, "key": "(stand-in)"})
+            if len(good) == 2:
+                return task.collate(good)
     raise UserError(f"rank {dist.get_rank()} found fewer than 2 readable training samples; check data.root")
 
 

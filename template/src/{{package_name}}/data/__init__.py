@@ -62,7 +62,7 @@ def build_dataset(cfg, split: str, task=None, *, rank: int | None = None, world_
         cfg (Config): the run's config; ``data.source`` names the source.
         split (str): ``"train"`` or ``"val"``.
         task (Task, optional): decodes and transforms the samples (``task.Task(cfg.data, split)`` when
-            not given); the training loop passes the task whose loss and metric it uses.
+            not given); the training loop then takes the dataset's task for its loss and metric.
         rank, world_size (int, optional): default to the running process group's.
 
     The entries of ``data.mix`` mixed by weight when it is set (data/mix.py); else the cache at ``data.cache``

@@ -28,7 +28,6 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
-import random
 import select
 import signal
 import threading
@@ -36,7 +35,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import psutil
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
@@ -140,9 +138,7 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
             worker_init_fn=functools.partial(init_worker, os.getpid()),
             generator=torch.Generator().manual_seed(cfg.train.seed + 1000 * rank),
             prefetch_factor=settings.prefetch_factor if workers else None,
-            # Validation workers start for each evaluation and end after it: kept, they would sit
-            # idle through every training epoch, each a process holding its own memory.
-            persistent_workers=settings.persistent_workers and workers and train,
+            persistent_workers=settings.persistent_workers and workers,
             multiprocessing_context=worker_context(cfg.loader.start_method) if workers else None,
             split=split,
             timeout_s=cfg.loader.timeout_s,
@@ -181,8 +177,15 @@ class Loader(StatefulDataLoader):
         return {"collate_fn": collate_fn, "drop_last": drop_last}
 
     def planned_batches(self) -> int | None:
-        """Batches every rank gets this epoch (``None``: not known before it ends); after :func:`set_epoch`."""
-        return None if isinstance(self.dataset, IterableDataset) else len(self)
+        """Batches every rank gets this epoch (``None``: not known before it ends); after :func:`set_epoch`.
+
+        A map-style dataset's sampler knows them; an iterable source may (:meth:`Source.planned_batches`).
+        """
+        if not isinstance(self.dataset, IterableDataset):
+            return len(self)
+        if isinstance(self.dataset, Source):
+            return self.dataset.planned_batches(self.batch_size, self.num_workers, self.drop_last)
+        return None
 
     def __iter__(self):
         before = set(multiprocessing.active_children())
@@ -291,7 +294,7 @@ PRELOAD = [
 
 def start_method(method: str = "auto") -> str:
     """``loader.start_method`` resolved: ``auto`` is ``$<PACKAGE>_START_METHOD`` when set (``spawn``: how
-    macOS and Windows start workers), else a forkserver where the system has one, else spawn."""
+    Windows starts workers), else a forkserver where the system has one, else spawn."""
     variable = f"{project.PACKAGE.upper()}_START_METHOD"
     if method == "auto":
         method = os.environ.get(variable) or "auto"
@@ -347,19 +350,17 @@ def stop_signals_blocked():
 
 
 def init_worker(rank_pid: int, worker_id: int) -> None:
-    """``worker_init_fn``: keep the stop signals blocked, seed NumPy and ``random``, end with the rank.
+    """``worker_init_fn``: keep the stop signals blocked, end with the rank.
 
     # NOTE [ Different augmentation in every worker; workers end with their rank ]
-    # The loader's ``generator`` is seeded with seed + rank and draws a base seed each time workers
-    # start; a worker's torch seed is base seed + worker id, and NumPy and ``random`` are seeded from
-    # it, so a third-party augmentation never repeats across workers. A worker started from the
+    # The loader's ``generator`` is seeded with seed + 1000 x rank and draws a base seed each time
+    # workers start; torchdata's worker seeds torch, NumPy and ``random`` from base seed + worker id,
+    # so a third-party augmentation never repeats across workers (a source's training samples are
+    # seeded each from its own key: data/source.py, Source's NOTE). A worker started from the
     # forkserver has the forkserver as its parent, which lives while any worker does: a rank killed
     # with kill -9 (or by the OOM killer) would leave them running, so each worker watches its rank.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
     try:
         handle = os.pidfd_open(rank_pid)  # Linux: readable when the process ends
     except ProcessLookupError:

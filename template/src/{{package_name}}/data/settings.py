@@ -17,18 +17,16 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from torch.utils.data import IterableDataset
 
 from .. import dist, project
 from ..errors import SharedMemoryFull
-from .source import Source, data_settings
+from .source import Source, data_settings, generators_kept
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -38,7 +36,8 @@ KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "b
 @dataclasses.dataclass
 class LoaderSettings:
     """What `bench` tunes, resolved to values: four of DataLoader's arguments, and ``batch_pool``
-    (data/batch_pool.py: workers reuse the shared memory of their batches)."""
+    (data/batch_pool.py: workers reuse the shared memory of their batches). The fields' defaults are a
+    bare loader's, for a check or a probe; a run's come from :func:`loader_settings`."""
 
     num_workers: int = 0
     prefetch_factor: int = 2
@@ -57,7 +56,7 @@ def loader_settings(
     mid-epoch checkpoint's worker count (``saved``: its position is per worker), bench's value in
     ``configs/tuned.yaml`` while its fingerprint matches this data and machine, else the default
     rule: the usable CPUs over this node's training processes (and no more than the source can
-    feed), prefetch 2, persistent workers, pinned memory with a GPU, no batch pool. Then what the
+    feed), prefetch 2, persistent workers (training's only), pinned memory with a GPU, no batch pool. Then what the
     loaders need of /dev/shm is held against what is free there (``plan_shm``, below),
     which sizes the batch pool, or stops with one line.
 
@@ -86,6 +85,11 @@ def loader_settings(
             settings.num_workers = min(settings.num_workers, max(1, feeds))
         if not isinstance(dataset, IterableDataset):
             settings.num_workers = min(settings.num_workers, len(dataset))
+        # Validation workers start for each evaluation and end after it: kept, they would sit idle
+        # through every training epoch, each a process holding its own memory (and a batch pool's blocks).
+        train = split == "train" and settings.num_workers > 0
+        settings.persistent_workers = settings.persistent_workers and train
+        settings.batch_pool = settings.batch_pool and train
         out[split] = settings
     if plan:
         plan_shm(datasets, out, cfg.loader.batch_size, processes)
@@ -189,8 +193,8 @@ def plan_shm(datasets: dict[str, Any], settings: dict, batch_size: int, processe
     """
     sizes = {k: batch_bytes(d, batch_size) if settings[k].num_workers else 0 for k, d in datasets.items()}
     needs = {k: shm_need(s, sizes[k]) for k, s in settings.items()}
-    for split, s in settings.items():  # a pool for the training loader: validation's workers end each time
-        s.pool_blocks = MOST_BLOCKS if s.batch_pool and s.num_workers and split == "train" else 0
+    for s in settings.values():  # a pool for the training loader alone (loader_settings)
+        s.pool_blocks = MOST_BLOCKS if s.batch_pool and s.num_workers else 0
     if (space := shm_space()) is None:
         return needs
     processes = processes or dist.processes_per_node()
@@ -233,17 +237,12 @@ def batch_bytes(dataset, batch_size: int) -> int:
     (the random generators left as they were); 0 when unknown (not a :class:`Source`, or none reads)."""
     if not isinstance(dataset, Source):
         return 0
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
     samples = []
-    try:
+    with generators_kept():
         for data in dataset.peek(16):
             with contextlib.suppress(Exception):  # a bad sample: the next one may do
-                samples.append({"input": dataset.transformed("", dataset.task, data), "target": 0, "key": ""})
+                samples.append({"input": dataset.task(data), "target": 0, "key": ""})
             if len(samples) == min(batch_size, 4):
                 break
         batch = dataset.task.collate(samples) if samples else {}
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
     return sum(v.nbytes for v in batch.values() if torch.is_tensor(v)) * batch_size // max(1, len(samples))

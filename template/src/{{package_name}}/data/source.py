@@ -80,10 +80,10 @@ class Source(abc.ABC):
     # run it continues. Instead the generators are seeded for each training sample from
     # (train.seed, epoch, key) just before its transform runs: the same sample in the same epoch
     # gets the same random numbers at any num_workers, prefetch_factor or persistent_workers,
-    # resumed or not, and another epoch gets new ones. In a loader worker torch's, NumPy's and
-    # Python's generators are seeded (a third-party augmentation draws from any of them); in the
-    # training process itself (num_workers=0) only torch's, saved and restored around the sample,
-    # so the model's own random numbers (dropout) run on undisturbed, and a checkpoint holds them.
+    # resumed or not, and another epoch gets new ones. Torch's, NumPy's and Python's generators
+    # are seeded (a third-party augmentation draws from any of them); in the training process
+    # itself (num_workers=0) they are saved and restored around the sample, so the model's own
+    # random numbers (dropout) run on undisturbed, and a checkpoint holds them.
 
     # NOTE [ set_epoch reaches persistent workers ]
     # Workers started once (persistent_workers=True) keep their copy of the source, so a plain
@@ -175,11 +175,7 @@ class Source(abc.ABC):
         """``transform(data)`` for sample ``key``; in training, with random numbers from (seed, epoch, key)."""
         if self.split != "train":
             return transform(data)
-        seed = sample_seed(self.seed, self.epoch, key)
-        if get_worker_info() is not None:  # a loader worker: its generators serve nothing else
-            seed_generators(seed)
-            return transform(data)
-        with sample_rng(seed):
+        with sample_rng(sample_seed(self.seed, self.epoch, key)):
             return transform(data)
 
     def __getitems__(self, indices: list[int]) -> list[dict]:
@@ -271,22 +267,31 @@ def sample_seed(seed: int, epoch: int, key: str) -> int:
 
 @contextlib.contextmanager
 def sample_rng(seed: int) -> Iterator[None]:
-    """Seed the random generators for one sample (see the NOTE in :class:`Source`); about 10 us.
+    """Seed torch's, NumPy's and Python's random generators for one sample (see the NOTE in :class:`Source`).
 
-    In a loader worker torch's, NumPy's and Python's; in the training process only torch's, saved
-    and restored around the sample (the model's own random numbers run on undisturbed).
+    In a loader worker they serve nothing else; in the training process they are restored after
+    the sample (:func:`generators_kept`), so the model's own random numbers run on undisturbed.
     """
-    if get_worker_info() is not None:  # the process is the loader's: its generators serve nothing else
+    if get_worker_info() is not None:
         seed_generators(seed)
         yield
         return
-    generator = torch.default_generator
-    saved = generator.get_state()
-    generator.manual_seed(seed)
+    with generators_kept():
+        seed_generators(seed)
+        yield
+
+
+@contextlib.contextmanager
+def generators_kept() -> Iterator[None]:
+    """Leave torch's, NumPy's and Python's random generators as they were before the block: the training
+    process reads samples (num_workers=0, a stand-in batch, a batch's size) without moving them."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
     try:
         yield
     finally:
-        generator.set_state(saved)
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
 
 
 def seed_generators(seed: int) -> None:
