@@ -81,6 +81,12 @@ class DataConfig(SourceKeys, FormatConfig, SourceConfig):
     mix_until: str = "last"
 
     def __post_init__(self) -> None:
+        # A config file's "~/data": only a shell expands "~", and only on the command line.
+        self.root, self.cache = os.path.expanduser(self.root), os.path.expanduser(self.cache)
+        for entry in self.mix:
+            entry.root = os.path.expanduser(entry.root)
+        if not self.root and not self.mix:
+            raise ConfigError("data.root is empty: set it to where the data is (data.root=PATH, or in the config file)")
         SourceConfig.__post_init__(self)
         FormatConfig.__post_init__(self)
         SourceKeys.__post_init__(self)
@@ -134,7 +140,8 @@ class LoaderConfig:
     tuned: str = "configs/tuned.yaml"
     # Seconds the workers may send no batch before the run stops naming the loader (0 = wait forever).
     timeout_s: int = 600
-    # How workers start: auto = forkserver where the system has one (Linux, macOS), else spawn; never fork.
+    # How workers start: auto = $<PACKAGE>_START_METHOD when set, else forkserver where the system has one
+    # (Linux, macOS), else spawn; never fork.
     start_method: str = AUTO
 
     def __post_init__(self) -> None:
@@ -174,6 +181,7 @@ class TrainConfig:
     amp: Union[bool, str] = AUTO  # noqa: UP007
 
     def __post_init__(self) -> None:
+        self.run_dir = os.path.expanduser(self.run_dir)
         require("train.epochs", self.epochs, self.epochs >= 1, ">= 1")
         require("train.checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 0, ">= 0")
         require("train.log_every", self.log_every, self.log_every >= 1, ">= 1")

@@ -119,6 +119,7 @@ def _start(out: str, train: Source, identity: dict, settings: dict, force: bool)
         "files": FILES,
         "settings": settings,
         "classes": train.classes,
+        "root": train.cfg.root,  # what data.root said: a run whose data differs is told to set it
         "splits": {split: {"identity": identity[split]} for split in SPLITS},
     }
     path = os.path.join(out, META)
