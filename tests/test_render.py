@@ -664,7 +664,7 @@ def test_rendered_project_tests_pass(project: Rendered) -> None:
         # its fast tests run with a user's changes (test_users_changes.py)
         selection = ["-m", "slow", "-k", f"not short_ddp_epochs{two_nodes_kill}"]
     elif source == "shards":
-        launcher_elsewhere = "sigterm or stopped_rank or two_nodes or signal_to_train or kill_9_of_a_rank_restarts"
+        launcher_elsewhere = "signal_to or stopped_rank or two_nodes or kill_9_of_a_rank_restarts"
         selection = ["-m", "(slow or not slow) and not common", "-k", f"not ({launcher_elsewhere})"]
         selection += [f"tests/{name}" for name in SHARDS_OWN]
     elif source == "sqlite":  # the kill -9s under torchrun run on folder and shards (see above)
