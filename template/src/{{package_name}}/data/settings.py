@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset
 
 from .. import dist, project
 from ..errors import SharedMemoryFull
-from .source import Source, data_settings, generators_kept
+from .source import SkipBadCollate, Source, data_settings, generators_kept
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -244,5 +244,7 @@ def batch_bytes(dataset, batch_size: int) -> int:
                 samples.append({"input": dataset.task(data), "target": 0, "key": ""})
             if len(samples) == min(batch_size, 4):
                 break
-        batch = dataset.task.collate(samples) if samples else {}
+        batch = SkipBadCollate(dataset.task.collate)(samples) if samples else {}
+    if "error" in batch:
+        raise batch["error"]
     return sum(v.nbytes for v in batch.values() if torch.is_tensor(v)) * batch_size // max(1, len(samples))

@@ -35,7 +35,10 @@ import logging
 import multiprocessing
 import random
 import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -321,9 +324,24 @@ class SkipBadCollate:
         if errors:
             return {"error": errors[0], "key": [], "bad": []}
         good = [s for s in samples if "bad" not in s]
-        batch = self.collate(good) if good else {"key": []}
+        try:
+            batch = self.collate(good) if good else {"key": []}
+        except Exception as e:  # a mistake in the collate (task.py's): one line naming where, not a worker's traceback
+            return {"error": collate_error(e), "key": [], "bad": []}
         batch["bad"] = [(s["key"], s["bad"]) for s in samples if "bad" in s]
         return batch
+
+
+def collate_error(e: Exception) -> UserError:
+    """A collate's exception as one line, naming the innermost line of the project's code it passed (task.py's
+    collate, say), not the library's below it."""
+    frames = traceback.extract_tb(e.__traceback__)
+    libraries = ("site-packages", "dist-packages", sysconfig.get_paths()["stdlib"])
+    own = [f for f in frames if not any(part in f.filename for part in libraries)]
+    at = own[-1] if own else frames[-1]
+    error = UserError(f"the collate raised {bad_reason(e)} (at {Path(at.filename).name}:{at.lineno}, in {at.name})")
+    error.__cause__ = e  # --debug's traceback, where it was raised in this process
+    return error
 
 
 class BadSampleBudgetExceeded(UserError, RuntimeError):
