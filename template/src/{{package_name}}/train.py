@@ -134,7 +134,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "val_samples": val_stats["samples"],
             "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
             "seconds": round(time.perf_counter() - start, 3),
-            "samples_per_s": round(train_stats["samples_per_s"], 1),
+            "samples_per_s": None if (rate := train_stats["samples_per_s"]) is None else round(rate, 1),
             **by_rank(train_stats["waits"], train_stats["seconds"]),  # how long training waited for the loader
             "world_size": dist.get_world_size(),
             **entry_metrics(train_loader.dataset, train_stats["entries"]),
@@ -144,8 +144,9 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
         if dist.is_main_process():  # the epoch's line first: a checkpoint that finds the disk full keeps it
             loggers.log_epoch(epoch, progress.step, metrics)
             log.info(
-                "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%d samples/s)",
-                *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc", "samples_per_s")),
+                "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%s)",
+                *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc")),
+                "one batch: not timed" if rate is None else f"{rate:.0f} samples/s",
             )
         checkpoint(progress, mid_epoch=False)
         if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
@@ -297,7 +298,8 @@ def train_one_epoch(run: Run, loader, progress: Progress, planned: int | None) -
     # the rate of this process's part of the epoch after its first batch, which waits for the workers to
     # start (a smoke run's few batches too; an epoch resumed midway: its part after the resume)
     after = samples_total - carried.get("samples", 0) - wait.first
-    rate = after / max(time.perf_counter() - wait.first_at, 1e-9) if wait.batches > 1 else 0.0
+    # (None, not timed, where only one batch came: the workers' start is all there is to time)
+    rate = after / max(time.perf_counter() - wait.first_at, 1e-9) if wait.batches > 1 else None
     return {
         "loss": loss,
         "samples": int(samples_total),
