@@ -81,7 +81,7 @@ def held_alone(path: str | os.PathLike, what: str, fix: str) -> Iterator[None]:
 def require(key: str, value: object, ok: bool, expected: str) -> None:
     """Raise :class:`ConfigError` naming ``key`` and what is allowed unless ``ok``."""
     if not ok:
-        raise ConfigError(f"{key}={value!r} is out of range (expected {expected})")
+        raise ConfigError(f"{key}={value!r} is not valid (expected {expected})")
 
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -101,7 +101,7 @@ def parse_size(text: str, key: str) -> int:
     except (KeyError, ValueError):
         raise ConfigError(f"{key}={text!r} is not a size (e.g. 50GB, 512MiB; 0 for none)") from None
     if not 0 <= value < float("inf"):  # negative, infinite or nan
-        raise ConfigError(f"{key}={text!r} is out of range (expected a size >= 0)")
+        raise ConfigError(f"{key}={text!r} is not valid (expected a size >= 0)")
     return int(value)
 
 
