@@ -42,7 +42,7 @@ def summary(report: dict) -> str:
         p, on = report["batch_pool_samples_per_s"], report["chosen"]["batch_pool"]
         lines.append(
             f"batch pool (data/batch_pool.py): {p['on']:.0f} samples/s with it, {p['off']:.0f} without: "
-            f"{'on' if on else 'off'} (on where each of its runs beats each run without it by 5%)"
+            f"{'on' if on else 'off'} (on where its best run beats the best without it, the sweep's among them, by 5%)"
         )
     if "epoch_switch_s" in report:
         s = report["epoch_switch_s"]
