@@ -124,6 +124,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
         val_stats = evaluate(model, task, val_loader, compute, budget, cfg.train.max_batches)
         progress.epoch, progress.batch, progress.partial = epoch + 1, 0, None
         bad = dist.all_reduce_sum(torch.tensor([budget.count], dtype=torch.float64, device=device))
+        rate = train_stats["samples_per_s"]  # None: a one-batch epoch, not timed
         metrics = {
             "epoch": epoch,
             "step": progress.step,
@@ -134,7 +135,7 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
             "val_samples": val_stats["samples"],
             "bad_samples": int(bad.item()),  # summed over ranks (each counts its own)
             "seconds": round(time.perf_counter() - start, 3),
-            "samples_per_s": None if (rate := train_stats["samples_per_s"]) is None else round(rate, 1),
+            "samples_per_s": None if rate is None else round(rate, 1),
             **by_rank(train_stats["waits"], train_stats["seconds"]),  # how long training waited for the loader
             "world_size": dist.get_world_size(),
             **entry_metrics(train_loader.dataset, train_stats["entries"]),
