@@ -487,7 +487,7 @@ def run_bench(
         remedies += getattr(dataset.task, "remedies", ())  # a format's own (the crop on the device)
         model_rate = report["stall"]["model_samples_per_s"]
         report["capacity"] = capacity(points, chosen, model_rate, cpus, processes, remedies)
-        report["checks"] = [c.to_dict() for c in run_checks(cfg, dataset, tuned["num_workers"])]
+        report["checks"] = [dataclasses.asdict(c) for c in run_checks(cfg, dataset, tuned["num_workers"])]
     report["chosen"] = tuned
     if ranks:  # under `launch -- bench` every rank measures (they share the node); one writes
         report["ranks"] = compare_ranks(report)

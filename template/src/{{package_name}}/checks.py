@@ -19,7 +19,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import psutil
@@ -38,13 +38,6 @@ class Check:
     status: str  # OK | WARN | FAIL
     value: str  # the number behind the verdict
     advice: str = ""  # cause and fix, for WARN and FAIL
-
-    def line(self) -> str:
-        text = f"{self.status:4}  {self.name}: {self.value}"
-        return text + (f"\n      {self.advice}" if self.advice else "")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _variant(cfg, **loader):

@@ -8,8 +8,6 @@ sample dict with the task (``task.py``)::
     {"input": tensor, "target": int, "key": str}   # a good sample
     {"key": str, "bad": "Reason: ..."}             # one that could not be read or decoded
 
-It is a torch ``Dataset`` (map-style: ``__len__`` and ``__getitem__``; the loader's sampler
-splits it by rank) or an ``IterableDataset`` that splits itself by rank, then by worker.
 ``data.source`` names the source a run reads: this project's own (data/project_source.py) or
 one of yours. To read another kind of data, write a subclass of :class:`Source` in a module of
 yours, and name it in sources.py (its keys go there too, in ``SourceKeys``).
