@@ -112,9 +112,9 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
     """The epochs from ``progress`` on: train, evaluate, checkpoint, log; returns each epoch's metrics."""
     compute, budget, loggers, stop, checkpoint = run.compute, run.budget, run.loggers, run.stop, run.checkpoint
     device = compute.device
-    history, wait_warnings = [], WaitWarnings()
+    history, wait_warnings, first = [], WaitWarnings(), progress.epoch
     for epoch in range(progress.epoch, cfg.train.epochs):
-        start = time.perf_counter()
+        start = time.perf_counter() - (progress.partial or {}).get("seconds", 0.0)  # a resumed epoch's first part
         set_epoch(train_loader, epoch)
         planned = plan_epoch(train_loader, cfg, progress)
         train_stats = train_one_epoch(run, train_loader, progress, planned)
@@ -144,11 +144,19 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
         wait_warnings.epoch(epoch, train_stats["waits"], train_stats["seconds"])
         if dist.is_main_process():  # the epoch's line first: a checkpoint that finds the disk full keeps it
             loggers.log_epoch(epoch, progress.step, metrics)
+            val = "no validation sample" if val_stats["samples"] == 0 else "val_loss {:.4f} val_acc {:.3f}"
             log.info(
-                "epoch %d: train_loss %.4f val_loss %.4f val_acc %.3f (%s)",
-                *(metrics[k] for k in ("epoch", "train_loss", "val_loss", "val_acc")),
+                "epoch %d: train_loss %.4f %s (%s)",
+                epoch,
+                metrics["train_loss"],
+                val.format(metrics["val_loss"], metrics["val_acc"]),
                 "one batch: not timed" if rate is None else f"{rate:.0f} samples/s",
             )
+            if val_stats["samples"] == 0 and epoch == first:
+                log.warning(
+                    "the val split at data.root gave no sample (it is empty, or every sample was bad): val_loss "
+                    "and val_acc are null in metrics.jsonl"
+                )
         checkpoint(progress, mid_epoch=False)
         if epoch + 1 < cfg.train.epochs and (signum := stop.agreed()):  # a signal during validation
             raise stopped(signum, progress, run_dir)
@@ -398,7 +406,9 @@ def evaluate(model, task, loader, compute: Compute, budget: BadSampleBudget, max
         sums[1] += task.correct(logits, target)
         sums[2] += n
     loss_sum, correct, n = dist.all_reduce_sum(sums).tolist()
-    return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "samples": int(n)}
+    if n == 0:  # no validation sample (an empty split, or every one bad): nothing to report, not a 0
+        return {"loss": None, "acc": None, "samples": 0}
+    return {"loss": loss_sum / n, "acc": correct / n, "samples": int(n)}
 
 
 def seed_everything(seed: int) -> None:
