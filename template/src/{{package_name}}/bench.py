@@ -60,7 +60,7 @@ from .data.settings import (
     write_tuned,
 )
 from .data.source import Source
-from .errors import SharedMemoryFull
+from .errors import SharedMemoryFull, UserError
 from .report import write_reports
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,12 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
             last, got = time.perf_counter(), got + 1
             if len(times) >= batches + warmup:
                 break
-        if got == 0:
-            raise RuntimeError("the loader yielded no batch; is the dataset empty?")
+        if got == 0:  # a source that could not count its batches ahead (build_loader checks those that can)
+            raise UserError(
+                f"the train loader gave no batch at num_workers={loader.num_workers}: each rank's share of the data, "
+                f"split over its workers, is smaller than loader.batch_size={loader.batch_size} (lower it, set "
+                "loader.drop_last=false, or add data)"
+            )
         epoch += 1
     peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
     timed = sorted(times[warmup:])

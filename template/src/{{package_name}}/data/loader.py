@@ -110,6 +110,13 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
     if isinstance(dataset, IterableDataset):
         if train and isinstance(dataset, Source):
             dataset.check_workers(settings.num_workers)
+            if dataset.planned_batches(batch_size, settings.num_workers, cfg.loader.drop_last) == 0:
+                over = f", split over its {settings.num_workers} workers," if settings.num_workers > 1 else ""
+                raise UserError(
+                    f"each rank's share of the train split (world size {world_size}){over} is smaller than "
+                    f"loader.batch_size={batch_size}: no batch is left (lower it or loader.num_workers, set "
+                    "loader.drop_last=false, or add data)"
+                )
     elif train:
         own = dataset.train_sampler(rank, world_size) if isinstance(dataset, Source) else None
         if (sampler := own) is None:
