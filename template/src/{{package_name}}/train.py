@@ -40,7 +40,7 @@ from .data.mix import entry_counts, entry_metrics
 from .data.settings import loader_settings
 from .data.source import BadSampleBudget, generators_kept
 from .data_wait import DataWait, WaitWarnings, by_rank, own_carried_wait
-from .errors import DataError, UserError, WorkerLost
+from .errors import DataError, Outage, UserError, WorkerLost
 from .loggers import Loggers, make_loggers
 from .model import build_model
 from .stopping import StopOnSignal, Stopped
@@ -167,17 +167,24 @@ def run_epochs(cfg, run: Run, model, task, train_loader, val_loader, progress: P
 def worker_lost_named(loaders: list, run_dir: Path) -> Iterator[None]:
     """A loader worker that died is one line naming it and the checkpoint a rerun resumes from, wherever
     the loop was when it was seen: in the loader's wait, or elsewhere (torch raises a spawned worker's
-    death in the training process wherever it is, from its SIGCHLD handler)."""
+    death in the training process wherever it is, from its SIGCHLD handler). A source's outage (the
+    server or bucket stopped answering) says which checkpoint a rerun resumes from too."""
+    saved = run_dir / CHECKPOINT
+
+    def kept() -> str:
+        held = f"{saved} holds the last checkpoint" if saved.is_file() else "no checkpoint was written yet"
+        return f"{held}: run the same command again to go on from there"
+
     try:
         yield
+    except Outage as e:
+        raise Outage(f"{e}; {kept()}") from None
     except Exception as e:
         gone = isinstance(e, (WorkerLost, RuntimeError, ConnectionError, EOFError))  # how a worker's death shows
         named = next((lost for loader in loaders if (lost := loader.lost(5.0 if gone else 0.0))), None)
         if named is None:
             raise
-        saved = run_dir / CHECKPOINT
-        kept = f"{saved} holds the last checkpoint" if saved.is_file() else "no checkpoint was written yet"
-        raise WorkerLost(f"{named}; {kept}: run the same command again to go on from there") from None
+        raise WorkerLost(f"{named}; {kept()}") from None
 
 
 def stopped(signum: int, progress: Progress, run_dir: Path) -> Stopped:
