@@ -126,6 +126,21 @@ def check_gpus(processes: int, visible: int) -> None:
         )
 
 
+def backend_for(backend: str, device: torch.device) -> str:
+    """``dist.backend`` for a process on ``device``: ``auto`` is nccl on CUDA, gloo on the CPU.
+
+    >>> backend_for("auto", torch.device("cpu"))
+    'gloo'
+    """
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise UserError(
+            f"dist.backend=nccl needs CUDA GPUs, and this run trains on the {device.type}: set dist.backend=auto"
+        )
+    return backend
+
+
 def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
     """Join the process group when started by torchrun; returns whether one was joined.
 
@@ -137,8 +152,7 @@ def setup(backend: str, timeout_s: int, device: torch.device) -> bool:
     global _cpu_group, _store, _timeout_s
     if not is_torchrun() or is_distributed():
         return is_distributed()
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend_for(backend, device)
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=timeout))
     # NOTE [ Restarted ranks read their peers' old addresses ]

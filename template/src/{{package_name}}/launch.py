@@ -115,6 +115,7 @@ def check(command: list[str], world_size: int, command_parser, processes: int = 
 
     args = command_parser(command).parse_args(command)
     cfg = load_config(args.config, args.overrides)
+    dist.backend_for(cfg.dist.backend, dist.pick_device(project.NUM_GPUS))
     train, val = (build_dataset(cfg, split, rank=0, world_size=world_size) for split in ("train", "val"))
     build_loader(train, cfg, "train", LoaderSettings(num_workers=0), rank=0, world_size=world_size)
     if command[0] == "bench":  # its cheapest setting with workers
