@@ -182,6 +182,10 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
 def resume_path(resume: str, run_dir: str | os.PathLike) -> Path | None:
     """The checkpoint ``train.resume`` names: ``auto`` (if present), ``never``, or a path."""
     if resume == "never":
+        if (Path(run_dir) / CHECKPOINT).is_file() and dist.is_main_process():
+            log.warning(
+                "train.resume=never: starting over in %s, whose checkpoint and metrics this run replaces", run_dir
+            )
         return None
     if resume == "auto":
         path = Path(run_dir) / CHECKPOINT

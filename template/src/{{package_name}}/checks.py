@@ -72,7 +72,7 @@ def check_open_files(cfg, dataset, batches: int = 40) -> Check:
     read = 1 + sum(1 for _ in itertools.islice(it, batches))
     grown = _fds(proc) - before
     del it
-    value = f"{grown:+d} open files over {read} batches"
+    value = f"{max(grown, 0)} more open files after {read} batches"  # fewer: files the first batch opened, closed
     if grown > 2:
         return Check(
             "open files",

@@ -182,6 +182,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.run_dir = os.path.expanduser(self.run_dir)
+        require(
+            "train.run_dir", self.run_dir, bool(self.run_dir.strip()), "a folder for the run's files, e.g. runs/default"
+        )
         require("train.epochs", self.epochs, self.epochs >= 1, ">= 1")
         require("train.checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 0, ">= 0")
         require("train.log_every", self.log_every, self.log_every >= 1, ">= 1")

@@ -67,7 +67,10 @@ def mark(path: str | os.PathLike, files: list[str] = ()) -> None:
     """Mark ``path`` (a folder or a file) as sample-data's own, listing the ``files`` (in a folder) it wrote."""
     path = Path(path)
     folder = path.is_dir()
-    text = "Written by `sample-data`; it may write here again, replacing the files listed below (and only those).\n"
+    if folder:
+        text = "Written by `sample-data`; it may write here again, replacing the files listed below (and only those).\n"
+    else:
+        text = f"Written by `sample-data`; it may write {path.name} again, replacing it.\n"
     text += "Delete this file to keep it from doing so.\n"
     if folder:
         text += FILES + json.dumps(sorted(files)) + "\n"
