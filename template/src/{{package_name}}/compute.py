@@ -182,9 +182,15 @@ class FiniteGuard:
             step, epoch, keys = min(reports) if reports else (self.steps[-1][0], self.steps[-1][1], [])
             saved = self.checkpoint
             kept = f"{saved} holds the last good weights" if saved.is_file() else "no checkpoint was written"
+            listed = saved.with_name("nonfinite_batch.txt")  # the batch's keys, all of them, to look into
+            if dist.is_main_process():
+                listed.parent.mkdir(parents=True, exist_ok=True)
+                listed.write_text("".join(f"{key}\n" for key in keys), encoding="utf-8")
+            shown = ", ".join(keys[:4]) + (f", ... ({len(keys)} in all)" if len(keys) > 4 else "")
             raise UserError(
-                f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch {keys[:8]}: "
-                f"look for bad values in those samples, or lower optim.lr; nothing was saved after it ({kept})"
+                f"the training loss became NaN or Inf at step {step} (epoch {epoch}) on the batch of {shown}, listed "
+                f"in {listed}: look for bad values in those samples, or lower optim.lr; nothing was saved after it "
+                f"({kept})"
             )
         self.steps.clear()
         self.flags.fill_(True)
