@@ -84,6 +84,27 @@ def require(key: str, value: object, ok: bool, expected: str) -> None:
         raise ConfigError(f"{key}={value!r} is not valid (expected {expected})")
 
 
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str, key: str) -> int:
+    """Bytes in ``"50GB"``, ``"512MiB"``, ``"1e9"`` (decimal units, and binary ones with an ``i``).
+
+    >>> parse_size("1.5GB", "k"), parse_size("64MiB", "k"), parse_size("0", "k")
+    (1500000000, 67108864, 0)
+    """
+    raw = str(text).strip().upper().replace(" ", "")
+    number = raw.rstrip("BKMGTI")
+    try:
+        value = float(number) * SIZE_UNITS[raw[len(number) :]]
+    except (KeyError, ValueError):
+        raise ConfigError(f"{key}={text!r} is not a size (e.g. 50GB, 512MiB; 0 for none)") from None
+    if not 0 <= value < float("inf"):  # negative, infinite or nan
+        raise ConfigError(f"{key}={text!r} is not valid (expected a size >= 0)")
+    return int(value)
+
+
 def died(split: str, pid: int, exitcode: int | None) -> str:
     """The line of a loader worker that died: how, the likely cause and what to lower.
 
