@@ -20,9 +20,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import dist, project
-from .errors import Stalled, UserError, is_disk_full
-from .stopping import Stopped
+try:  # torch loads here, a second or more: a Ctrl-C meanwhile exits as one at any later point does
+    from . import dist, project
+    from .errors import Stalled, UserError, is_disk_full
+    from .stopping import Stopped
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,7 +40,8 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     (its module imported now); the others are named: ``--help``, and a mistake in the config, need no data code."""
     from .data import command, commands
 
-    p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=__doc__.splitlines()[0])
+    first = __doc__.splitlines()[0].replace("<package>", project.PACKAGE)  # the usage line, with this package
+    p = argparse.ArgumentParser(prog=f"python -m {project.PACKAGE}", description=first)
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in commands().items():  # what this project's data source brings: sample-data, pack
         s = sub.add_parser(name, help=text)
