@@ -510,6 +510,11 @@ def probe_limit(spec: dict) -> dict:
         torchvision_crop()
     cfg = load_config(None, [*spec["overrides"], *loader_settings(spec)])
     dataset = build_dataset(cfg, "train")
+    # Read as the one worker of a loader reads: the source seeds each sample's generators there, where the
+    # training process also saves and restores its own around a sample (NumPy's alone, about 100 us).
+    from torch.utils.data._utils import worker
+
+    worker._worker_info = worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=dataset)
     if isinstance(dataset, torch.utils.data.IterableDataset):
         state = {"it": iter(dataset), "epoch": 0}
 
