@@ -49,6 +49,7 @@ from . import dist, project
 from .checks import run_checks, worker_processes
 from .data import build_loader, set_epoch
 from .data.cache import CacheSource
+from .data.loader import no_batch_left
 from .data.settings import (
     LoaderSettings,
     batch_bytes,
@@ -60,7 +61,7 @@ from .data.settings import (
     write_tuned,
 )
 from .data.source import Source
-from .errors import SharedMemoryFull, UserError
+from .errors import SharedMemoryFull
 from .report import write_reports
 
 log = logging.getLogger(__name__)
@@ -117,11 +118,7 @@ def measure(loader, batches: int, warmup: int = 2, device: torch.device | None =
             if len(times) >= batches + warmup:
                 break
         if got == 0:  # a source that could not count its batches ahead (build_loader checks those that can)
-            raise UserError(
-                f"the train loader gave no batch at num_workers={loader.num_workers}: each rank's share of the data, "
-                f"split over its workers, is smaller than loader.batch_size={loader.batch_size} (lower it, set "
-                "loader.drop_last=false, or add data)"
-            )
+            raise no_batch_left(loader.batch_size, dist.get_world_size(), loader.num_workers)
         epoch += 1
     peak = tuple(max(a, b) for a, b in zip(peak, _rss_mb()))
     timed = sorted(times[warmup:])

@@ -111,12 +111,7 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
         if train and isinstance(dataset, Source):
             dataset.check_workers(settings.num_workers)
             if dataset.planned_batches(batch_size, settings.num_workers, cfg.loader.drop_last) == 0:
-                over = f", split over its {settings.num_workers} workers," if settings.num_workers > 1 else ""
-                raise UserError(
-                    f"each rank's share of the train split (world size {world_size}){over} is smaller than "
-                    f"loader.batch_size={batch_size}: no batch is left (lower it or loader.num_workers, set "
-                    "loader.drop_last=false, or add data)"
-                )
+                raise no_batch_left(batch_size, world_size, settings.num_workers)
     elif train:
         own = dataset.train_sampler(rank, world_size) if isinstance(dataset, Source) else None
         if (sampler := own) is None:
@@ -151,6 +146,17 @@ def build_loader(dataset, cfg, split: str, settings=None, *, rank=None, world_si
             timeout_s=cfg.loader.timeout_s,
             **options,
         )
+
+
+def no_batch_left(batch_size: int, world_size: int, num_workers: int) -> UserError:
+    """The mistake of an iterable train split too small for one batch: found by :func:`build_loader` where the
+    source counts its batches, by the first epoch (bench) where it cannot."""
+    over = f", split over its {num_workers} workers," if num_workers > 1 else ""
+    return UserError(
+        f"each rank's share of the train split (world size {world_size}){over} is smaller than "
+        f"loader.batch_size={batch_size}: no batch is left (lower it or loader.num_workers, set "
+        "loader.drop_last=false, or add data)"
+    )
 
 
 def set_epoch(loader, epoch: int) -> None:
