@@ -181,8 +181,8 @@ class Source(abc.ABC):
             return transform(data)
 
     def __getitems__(self, indices: list[int]) -> list[dict]:
-        """A map-style source's batch of samples, as DataLoader fetches it in a worker: a mistake or an outage
-        met there travels with the batch (:class:`SkipBadCollate`)."""
+        """A map-style source's batch of samples, as DataLoader fetches it (in a worker, or in the training process
+        at num_workers=0): a mistake or an outage met there travels with the batch (:class:`SkipBadCollate`)."""
         try:
             if get_worker_info() is not None:
                 return [self[i] for i in indices]
