@@ -227,7 +227,10 @@ class Loader(StatefulDataLoader):
                 except Exception as e:
                     raise self.explained(e) from None
                 if "error" in batch:  # a mistake or an outage a worker found (SkipBadCollate)
-                    raise batch["error"]
+                    # popped, not read: the error's traceback holds this frame, whose batch would hold the
+                    # error, a cycle that keeps the workers until the garbage collector runs (and then
+                    # torch's shutdown of them waits 5 s)
+                    raise batch.pop("error")
                 yield batch
         finally:  # the epoch's workers end with it, unless they persist: their exit is no loss
             if not self.persistent_workers:

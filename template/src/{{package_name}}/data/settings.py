@@ -246,5 +246,5 @@ def batch_bytes(dataset, batch_size: int) -> int:
                 break
         batch = SkipBadCollate(dataset.task.collate)(samples) if samples else {}
     if "error" in batch:
-        raise batch["error"]
+        raise batch.pop("error")  # popped: the error's traceback holds this frame (data/loader.py: Loader._checked)
     return sum(v.nbytes for v in batch.values() if torch.is_tensor(v)) * batch_size // max(1, len(samples))
