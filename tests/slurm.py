@@ -57,6 +57,9 @@ TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# A requeued job becomes eligible after cred_expire; the main scheduler's pass every sched_interval
+# (default 60 s) or backfill's every bf_interval (default 30 s) then starts it
+SchedulerParameters=sched_interval=2,bf_interval=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
