@@ -46,7 +46,7 @@ from ..errors import SharedMemoryFull, Stalled, UserError, WorkerLost, died, unp
 from ..stopping import STOP_SIGNALS
 from . import project_source
 from .settings import FIXES, MARGIN, SHM, loader_settings, mb, shm_space
-from .source import SkipBadCollate, Source
+from .source import SkipBadCollate, Source, generators_kept
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,9 @@ class Loader(StatefulDataLoader):
         try:
             while True:
                 try:
-                    with _deadline(self.timeout_s if self.num_workers else 0):
+                    # in the training process (num_workers=0) its generators are kept once a batch, not once a
+                    # sample (source.generators_kept), a map-style or an iterable source's alike
+                    with _deadline(self.timeout_s) if self.num_workers else generators_kept():
                         batch = next(batches)
                 except StopIteration:
                     return

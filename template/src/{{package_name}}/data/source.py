@@ -184,10 +184,7 @@ class Source(abc.ABC):
         """A map-style source's batch of samples, as DataLoader fetches it (in a worker, or in the training process
         at num_workers=0): a mistake or an outage met there travels with the batch (:class:`SkipBadCollate`)."""
         try:
-            if get_worker_info() is not None:
-                return [self[i] for i in indices]
-            with generators_kept():  # in the training process (num_workers=0): kept once a batch, not once a sample
-                return [self[i] for i in indices]
+            return [self[i] for i in indices]
         except (UserError, Stalled) as e:
             return [{"key": "", "error": e}]
 
