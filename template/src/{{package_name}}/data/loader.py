@@ -23,6 +23,7 @@ import functools
 import glob
 import importlib.util
 import logging
+import math
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -33,6 +34,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -216,7 +218,7 @@ class Loader(StatefulDataLoader):
                 try:
                     # in the training process (num_workers=0) its generators are kept once a batch, not once a
                     # sample (source.generators_kept), a map-style or an iterable source's alike
-                    with _deadline(self.timeout_s) if self.num_workers else generators_kept():
+                    with _watched(self.timeout_s, self.lost) if self.num_workers else generators_kept():
                         batch = next(batches)
                 except StopIteration:
                     return
@@ -277,19 +279,32 @@ class _TimedOut(Exception):
     pass
 
 
-def _timed_out(signum, frame) -> None:
-    raise _TimedOut
+CHECK_S = 1.0  # how often a loader waiting for a batch looks at its workers' exit codes
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float):
-    """Raise :class:`_TimedOut` in the block once ``seconds`` have passed (0: never; the main thread only:
-    an alarm, which torch's wait for a batch lets through, as it checks its workers every few seconds)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
+def _watched(seconds: float, lost: Callable[..., WorkerLost | None]):
+    """Raise :class:`_TimedOut` in the block once ``seconds`` have passed (0: never), and the
+    :class:`WorkerLost` that ``lost(0)`` names as soon as it names one, looking every ``CHECK_S``.
+
+    torch notices a worker that ended between its reads of the workers' pipe, and by SIGCHLD, which
+    workers started by the forkserver do not send this process: one killed halfway through writing a
+    batch (the OOM killer picks the busiest) leaves torch reading the rest, which never comes. The main
+    thread only: an alarm, whose handler interrupts that read (and torch's wait for a batch).
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGALRM, _timed_out)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    end = time.monotonic() + seconds if seconds else math.inf
+
+    def check(signum, frame) -> None:
+        if (dead := lost(0)) is not None:
+            raise dead
+        if time.monotonic() >= end:
+            raise _TimedOut
+
+    previous = signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, CHECK_S, CHECK_S)
     try:
         yield
     finally:
